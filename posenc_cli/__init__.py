@@ -1,0 +1,3 @@
+"""posenc: position encodings for Transformers, one library, one attention module."""
+
+__version__ = "0.1.0"

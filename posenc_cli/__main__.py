@@ -1,0 +1,3 @@
+from posenc_cli.cli import main
+
+main()

@@ -1,0 +1,76 @@
+"""The registry of position encodings: a plain dict from name to class.
+
+``build_encoding(name, **params)`` checks every parameter against the constructor's signature
+before anything is built, so a typo is answered with the valid names and a close match.
+Model-given arguments (``dim``, ``heads``, ``head_dim``, ``causal``) are passed only to the
+encodings whose constructors take them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from posenc_cli.encodings.absolute import LearnedAbsolute, NoPosition, Sinusoidal
+from posenc_cli.encodings.alibi import ALiBi
+from posenc_cli.encodings.base import MODEL_ARGS, PositionEncoding
+from posenc_cli.encodings.deberta import DebertaDisentangled
+from posenc_cli.encodings.rope import RotaryEmbedding
+from posenc_cli.encodings.shaw import ShawRelative
+from posenc_cli.encodings.t5 import T5Bias
+from posenc_cli.encodings.xl import TransformerXLRelative
+from posenc_cli.errors import UsageError
+from posenc_cli.params import close_match, convert, signature_params
+
+ENCODINGS: dict[str, type[PositionEncoding]] = {
+    "none": NoPosition,
+    "sinusoidal": Sinusoidal,
+    "learned": LearnedAbsolute,
+    "shaw": ShawRelative,
+    "xl": TransformerXLRelative,
+    "t5": T5Bias,
+    "rope": RotaryEmbedding,
+    "alibi": ALiBi,
+    "deberta": DebertaDisentangled,
+}
+
+
+def encoding_class(name: str) -> type[PositionEncoding]:
+    if name not in ENCODINGS:
+        raise UsageError(
+            f"unknown encoding {name!r}{close_match(name, ENCODINGS)}; "
+            f"valid: {', '.join(ENCODINGS)}"
+        )
+    return ENCODINGS[name]
+
+
+def user_params(name: str) -> dict[str, tuple[Any, Any]]:
+    """The parameters a user may set for ``name``: ``param -> (annotation, default)``."""
+    spec = signature_params(encoding_class(name).__init__)
+    return {k: v for k, v in spec.items() if k not in MODEL_ARGS}
+
+
+def check_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Validate and convert user parameters for ``name``; raises UsageError on any problem."""
+    spec = user_params(name)
+    out = {}
+    for key, value in params.items():
+        if key not in spec:
+            valid = ", ".join(spec) or "none"
+            raise UsageError(
+                f"encoding {name!r} has no parameter {key!r}{close_match(key, spec)}; "
+                f"valid: {valid}"
+            )
+        out[key] = convert(value, spec[key][0], f"{name}.{key}")
+    return out
+
+
+def build_encoding(name: str, **params: Any) -> PositionEncoding:
+    """Build encoding ``name``; model arguments pass through, user ones are checked first."""
+    cls = encoding_class(name)
+    accepted = signature_params(cls.__init__)
+    model = {k: params.pop(k) for k in MODEL_ARGS if k in params}
+    model = {k: v for k, v in model.items() if k in accepted}
+    return cls(**model, **check_params(name, params))
+
+
+__all__ = ["ENCODINGS", "PositionEncoding", "build_encoding", "check_params", "user_params"]

@@ -1,0 +1,7 @@
+"""Placeholder: being written."""
+
+from posenc_cli.encodings.base import PositionEncoding
+
+
+class DebertaDisentangled(PositionEncoding):
+    pass

@@ -1,0 +1,115 @@
+"""The one attention module. It knows no encoding by name; it calls the encoding's hooks.
+
+Paths:
+- fused: ``F.scaled_dot_product_attention`` with the encoding's bias (if any) and the masks as
+  ``attn_mask``. Taken whenever the encoding has no value-side term.
+- manual: softmax(q k^T * scale + bias) computed explicitly, because a value-side term
+  (Shaw's a^V) needs the attention weights.
+
+Keys may be longer than queries: ``memory`` (the previous segment's hidden states, as in
+Transformer-XL) is prepended to the keys and values, and the queries are the last positions.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from posenc_cli.encodings.base import PositionEncoding
+from posenc_cli.encodings.absolute import NoPosition
+
+
+def attention_mask(
+    q_pos: Tensor, k_pos: Tensor, causal: bool, key_mask: Tensor | None
+) -> Tensor | None:
+    """Boolean mask, True where query i may attend key j: ``(B|1, 1, Nq, Nk)`` or None."""
+    mask = None
+    if causal:
+        mask = (k_pos[None, :] <= q_pos[:, None])[None, None]  # (1, 1, Nq, Nk)
+    if key_mask is not None:
+        keys = key_mask[:, None, None, :].bool()  # (B, 1, 1, Nk)
+        mask = keys if mask is None else mask & keys
+    return mask
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention consulting a position encoding through its hooks."""
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        encoding: PositionEncoding | None = None,
+        causal: bool = False,
+        dropout: float = 0.0,
+        qkv_bias: bool = True,
+    ) -> None:
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"dim {dim} is not divisible by heads {heads}")
+        self.heads = heads
+        self.head_dim = dim // heads
+        self.causal = causal
+        self.dropout = dropout
+        self.encoding = encoding if encoding is not None else NoPosition()
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        B, N, _ = x.shape
+        return x.view(B, N, self.heads, self.head_dim).transpose(1, 2)  # (B, H, N, d)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        key_mask: Tensor | None = None,
+        offset: int = 0,
+    ) -> Tensor:
+        """``x`` (B, N, D); ``memory`` (B, M, D) or None; ``key_mask`` (B, M+N) True = real token;
+        ``offset`` shifts every position (cached decoding, translation tests)."""
+        context = x if memory is None else torch.cat([memory, x], dim=1)
+        B, N, D = x.shape
+        Nk = context.shape[1]
+        k_pos = torch.arange(offset, offset + Nk, device=x.device)
+        q_pos = k_pos[Nk - N :]
+
+        q = self.split_heads(self.q(x))
+        k, v = (self.split_heads(t) for t in self.kv(context).chunk(2, dim=-1))
+        q, k = self.encoding.rotate(q, k, q_pos, k_pos)
+        bias = self.encoding.bias(q, k, q_pos, k_pos)  # (B|1, H, N, Nk) or None
+        mask = attention_mask(q_pos, k_pos, self.causal, key_mask)
+        scale = self.encoding.logit_scale()
+        drop = self.dropout if self.training else 0.0
+
+        if self.encoding.uses_value:
+            out = self.manual(q, k, v, bias, mask, scale, drop, q_pos, k_pos)
+        else:
+            out = self.fused(q, k, v, bias, mask, scale, drop, N == Nk)
+        return self.proj(out.transpose(1, 2).reshape(B, N, D))
+
+    def fused(self, q, k, v, bias, mask, scale, drop, square) -> Tensor:
+        if bias is None and mask is not None and self.causal and square and len(mask) == 1:
+            # pure causal: let the kernel build the mask itself
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True, scale=scale)
+        if bias is not None:
+            bias = bias.to(q.dtype)
+            if mask is not None:
+                bias = bias.masked_fill(~mask, torch.finfo(bias.dtype).min)
+            mask = bias
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=scale)
+
+    def manual(self, q, k, v, bias, mask, scale, drop, q_pos, k_pos) -> Tensor:
+        logits = (q @ k.transpose(-2, -1)) * scale  # (B, H, N, Nk)
+        if bias is not None:
+            logits = logits + bias
+        if mask is not None:
+            logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
+        attn = logits.softmax(dim=-1)
+        attn = F.dropout(attn, drop, self.training)
+        out = attn @ v
+        extra = self.encoding.value(attn, q_pos, k_pos)
+        return out if extra is None else out + extra
+

@@ -1,0 +1,105 @@
+"""Checking and converting user-given parameters against a constructor's signature.
+
+Used by the encoding registry and by recipes: a typo gets the valid names and a close match, a
+value is converted by its declared type (PyYAML reads ``3e-4`` as a string), and a choice
+declared as ``Literal[...]`` is checked against its options.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import types
+import typing
+from typing import Any, Literal
+
+import yaml
+
+from posenc_cli.errors import UsageError
+
+
+def close_match(word: str, options: typing.Iterable[str]) -> str:
+    """' (did you mean X?)' or '' when nothing is close."""
+    found = difflib.get_close_matches(word, list(options), n=1, cutoff=0.5)
+    return f" (did you mean {found[0]!r}?)" if found else ""
+
+
+def signature_params(fn: Any) -> dict[str, tuple[Any, Any]]:
+    """Keyword parameters of ``fn`` as ``name -> (annotation, default)``."""
+    hints = typing.get_type_hints(fn)
+    out = {}
+    for name, p in inspect.signature(fn).parameters.items():
+        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and name != "self":
+            out[name] = (hints.get(name, Any), p.default)
+    return out
+
+
+def type_name(annotation: Any) -> str:
+    if typing.get_origin(annotation) is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(annotation))
+    return getattr(annotation, "__name__", str(annotation)).replace("typing.", "")
+
+
+def convert(value: Any, annotation: Any, where: str) -> Any:
+    """Convert ``value`` to ``annotation`` or raise a UsageError naming ``where``."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is Literal:
+        if value in args:
+            return value
+        choices = ", ".join(repr(a) for a in args)
+        hint = close_match(str(value), [str(a) for a in args])
+        raise UsageError(f"{where}: {value!r} is not one of {choices}{hint}")
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for option in (a for a in args if a is not type(None)):
+            try:
+                return convert(value, option, where)
+            except UsageError as err:
+                errors.append(str(err))
+        raise UsageError(errors[0] if errors else f"{where}: cannot convert {value!r}")
+    if origin in (list, tuple):
+        items = value if isinstance(value, list | tuple) else [value]
+        inner = args[0] if args else Any
+        return origin(convert(v, inner, where) for v in items)
+    if annotation is Any:
+        return value
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).lower()
+        if text in ("true", "yes", "1", "on"):
+            return True
+        if text in ("false", "no", "0", "off"):
+            return False
+    elif annotation in (int, float):
+        if isinstance(value, bool):
+            raise UsageError(f"{where}: expected {annotation.__name__}, got a boolean {value!r}")
+        try:
+            number = annotation(float(value)) if annotation is int else float(value)
+        except (TypeError, ValueError):
+            number = None
+        if number is not None and (annotation is float or float(value) == number):
+            return number
+    elif annotation is str:
+        if isinstance(value, str | int | float):
+            return str(value)
+    elif isinstance(value, annotation):
+        return value
+    raise UsageError(f"{where}: expected {type_name(annotation)}, got {value!r}")
+
+
+def parse_assignments(pairs: typing.Sequence[str]) -> dict[str, Any]:
+    """``["a=1", "b.c=x"]`` -> ``{"a": 1, "b.c": "x"}``; values read as YAML scalars."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"expected KEY=VALUE, got {pair!r} (for example heads=8)")
+        try:
+            out[key.strip()] = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError:
+            out[key.strip()] = raw
+    return out
