@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-
 import torch
 from torch import Tensor, nn
 
@@ -99,5 +98,3 @@ class LearnedAbsolute(PositionEncoding):
                 f"set length >= {last + 1} or use an encoding that extrapolates (rope, alibi, t5)"
             )
         return x + self.table[positions]
-
-

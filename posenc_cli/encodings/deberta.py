@@ -1,7 +1,175 @@
-"""Placeholder: being written."""
+"""He, Liu, Gao, Chen 2021, "DeBERTa: Decoding-enhanced BERT with Disentangled Attention"
+(ICLR 2021), with the log-bucket relative positions of DeBERTa-v2/v3.
 
-from posenc_cli.encodings.base import PositionEncoding
+The disentangled score (paper eq. 4, per head of size d, relative table P of 2k rows):
+
+    A_ij = Q^c_i . K^c_j  +  Q^c_i . K^r_{delta(i,j)}  +  K^c_j . Q^r_{delta(j,i)}
+           content          content-to-position (c2p)    position-to-content (p2c)
+    H_o  = softmax(A / sqrt(3d)) V^c,     K^r = P W_{k,r},  Q^r = P W_{q,r}
+
+    delta(i, j) = 0            if i - j <= -k
+                  2k - 1       if i - j >= k
+                  i - j + k    otherwise            (paper eq. 2: query minus key, offset by k)
+
+Signs and indices, exactly as the paper writes them:
+- ``deberta_relative_positions(q_pos, k_pos)`` is ``pos_i - pos_j`` (query minus key), the sign
+  the reference code builds (``q_ids[:, None] - k_ids[None, :]``). This is the opposite of
+  Shaw/T5 (key minus query).
+- c2p of pair (i, j) reads row ``delta(i, j)`` of K^r: ``q_i . K^r[clip(pos_i - pos_j)]``.
+- p2c of pair (i, j) reads row ``delta(j, i)`` of Q^r: ``k_j . Q^r[clip(pos_j - pos_i)]``
+  ("the key content at j w.r.t. the query's position i", paper section 3.1).
+- With ``position_buckets > 0`` (v2/v3) ``pos_i - pos_j`` is first mapped by
+  ``log_bucket_positions`` and the table has ``2 * position_buckets`` rows (k = position_buckets);
+  with ``position_buckets = 0`` (v1) the distance is only clipped and k = max_relative_positions.
+- The logit scale is ``1 / sqrt(d * (1 + c2p + p2c))``, the paper's 1/sqrt(3d) with both terms,
+  and it applies to the content term and to both position terms alike.
+
+Deviations from the paper and the reference code (microsoft/DeBERTa, HF transformers):
+- Every layer owns its relative table and its two projections. DeBERTa shares one table across
+  all layers, and v2/v3 (``share_att_key``) project it with the layer's own W_k and W_q; this
+  encoding cannot see the layer's weights, so it keeps v1-style separate projections: W_{k,r}
+  without bias (a bias on it adds ``q_i . b`` to a whole row, which softmax cancels) and
+  W_{q,r} with bias (``k_j . b`` is a per-key term that does not cancel), as v1 has them.
+- The reference code indexes p2c with delta(i, j), the same row as c2p, not the paper's
+  delta(j, i): HF gathers ``k @ Q^r.T`` with ``clamp(-r_pos + k)`` and then transposes, and the
+  official code reuses the c2p index (see microsoft/DeBERTa issue 162). This file follows the
+  paper; a checkpoint trained with the reference code would need the other sign.
+- No LayerNorm or dropout on the relative table (v2/v3 ``norm_rel_ebd``); the table is
+  initialised with unit variance, the scale a LayerNorm would give it, so position terms start
+  at the size of content terms. No p2p term, no absolute input embedding, no enhanced mask
+  decoder: positions reach the model only through this attention bias.
+- The log bucket is computed in float64 (the reference uses float32); the two agree except for
+  float32 rounding at exact ``ceil`` boundaries.
+- Keys longer than queries (memory, cache) use the true positions of both sides; the reference
+  rebuilds a key-by-key matrix for p2c instead.
+
+Efficiency: ``q @ K^r.T`` is computed once per table row, ``(B, H, Nq, 2k)``, and gathered by
+index; p2c likewise from ``k @ Q^r.T``, ``(B, H, Nk, 2k)``, gathered and transposed. No
+``(Nq, Nk, d)`` tensor is built.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from posenc_cli.encodings.base import PositionEncoding, gather_buckets
+from posenc_cli.errors import UsageError
+
+
+def log_bucket_positions(
+    relative: Tensor, position_buckets: int, max_relative_positions: int
+) -> Tensor:
+    """DeBERTa-v2 log buckets of signed distances (any shape, long in, long out).
+
+    With ``mid = position_buckets // 2``: ``b(x) = x`` for ``|x| <= mid``, else
+    ``sign(x) * (mid + ceil(ln(|x| / mid) / ln((max_relative_positions - 1) / mid) * (mid - 1)))``
+    so ``|x| = max_relative_positions - 1`` lands on ``2 mid - 1``; farther ones grow past it and
+    are clipped by ``relative_index``.
+    """
+    mid = position_buckets // 2
+    size = relative.abs()
+    far = size.clamp(min=mid).double()  # the log branch is only used where |x| > mid
+    ratio = math.log((max_relative_positions - 1) / mid)
+    log_pos = torch.ceil(torch.log(far / mid) / ratio * (mid - 1)).long() + mid
+    return torch.where(size <= mid, relative, relative.sign() * log_pos)
+
+
+def deberta_relative_positions(
+    q_pos: Tensor, k_pos: Tensor, position_buckets: int, max_relative_positions: int
+) -> Tensor:
+    """``pos_i - pos_j`` (query minus key, DeBERTa's sign), log-bucketed when
+    ``position_buckets > 0``: ``(Nq, Nk)`` long. Swap the arguments for delta(j, i)."""
+    rel = q_pos[:, None] - k_pos[None, :]  # (Nq, Nk)
+    if position_buckets > 0:
+        rel = log_bucket_positions(rel, position_buckets, max_relative_positions)
+    return rel
+
+
+def relative_index(rel: Tensor, span: int) -> Tensor:
+    """The paper's delta: ``clip(rel + k, 0, 2k - 1)`` with ``k = span``, a row of the table."""
+    return (rel + span).clamp(0, 2 * span - 1)
 
 
 class DebertaDisentangled(PositionEncoding):
-    pass
+    """Disentangled attention: content-to-position and position-to-content logit terms."""
+
+    family = "relative"
+    per_layer = True
+
+    def __init__(
+        self,
+        *,
+        position_buckets: int = 256,
+        max_relative_positions: int = 512,
+        c2p: bool = True,
+        p2c: bool = True,
+        dim: int = 512,
+        heads: int = 8,
+        head_dim: int = 64,
+        causal: bool = False,
+    ) -> None:
+        super().__init__(heads=heads, head_dim=head_dim, causal=causal)
+        if position_buckets < 0 or position_buckets == 1:
+            raise UsageError(
+                f"deberta.position_buckets must be 0 (plain clipping, DeBERTa v1) or >= 2, "
+                f"got {position_buckets}"
+            )
+        if position_buckets > 0 and max_relative_positions <= position_buckets // 2 + 1:
+            raise UsageError(
+                f"deberta.max_relative_positions must exceed position_buckets // 2 + 1 = "
+                f"{position_buckets // 2 + 1}, got {max_relative_positions}"
+            )
+        if max_relative_positions < 1:
+            raise UsageError(
+                f"deberta.max_relative_positions must be >= 1, got {max_relative_positions}"
+            )
+        if not (c2p or p2c):
+            raise UsageError(
+                "deberta: c2p and p2c are both false; set one true or use encoding 'none'"
+            )
+        self.position_buckets = position_buckets
+        self.max_relative_positions = max_relative_positions
+        self.c2p = c2p
+        self.p2c = p2c
+        self.span = position_buckets if position_buckets > 0 else max_relative_positions
+        inner = heads * head_dim
+        self.rel_embeddings = nn.Parameter(torch.randn(2 * self.span, dim))  # (2k, D)
+        self.pos_key = nn.Linear(dim, inner, bias=False) if c2p else None
+        self.pos_query = nn.Linear(dim, inner) if p2c else None
+
+    def logit_scale(self) -> float:
+        return (self.head_dim * (1 + self.c2p + self.p2c)) ** -0.5
+
+    def per_head(self, proj: nn.Linear) -> Tensor:
+        """The projected table per head, laid out for a batched matmul: ``(H, d, 2k)``."""
+        table = proj(self.rel_embeddings).view(2 * self.span, self.heads, self.head_dim)
+        return table.permute(1, 2, 0)  # (H, d, 2k)
+
+    def relative(self, a_pos: Tensor, b_pos: Tensor) -> Tensor:
+        """delta(a, b) for every pair: table rows ``(Na, Nb)``."""
+        rel = deberta_relative_positions(
+            a_pos, b_pos, self.position_buckets, self.max_relative_positions
+        )
+        return relative_index(rel, self.span)
+
+    def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        score = None
+        if self.pos_key is not None:
+            per_row = q @ self.per_head(self.pos_key)  # (B, H, Nq, 2k)
+            score = gather_buckets(per_row, self.relative(q_pos, k_pos))  # (B, H, Nq, Nk)
+        if self.pos_query is not None:
+            per_row = k @ self.per_head(self.pos_query)  # (B, H, Nk, 2k)
+            by_key = gather_buckets(per_row, self.relative(k_pos, q_pos))  # (B, H, Nk, Nq)
+            p2c = by_key.transpose(-2, -1)  # (B, H, Nq, Nk)
+            score = p2c if score is None else score + p2c
+        return score * self.logit_scale()
+
+    def extra_repr(self) -> str:
+        return (
+            f"position_buckets={self.position_buckets}, "
+            f"max_relative_positions={self.max_relative_positions}, "
+            f"c2p={self.c2p}, p2c={self.p2c}, span={self.span}"
+        )

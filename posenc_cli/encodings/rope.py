@@ -1,7 +1,275 @@
-"""Placeholder: being written."""
+"""Rotary position embedding (RoPE) with context-extension scalings.
+
+Su et al. 2021/2024, "RoFormer: Enhanced Transformer with Rotary Position Embedding": channel pair
+``i`` of q and k at position ``m`` is turned by the angle ``m * theta_i``,
+``theta_i = base^(-2i/r)`` for ``i = 0 .. r/2 - 1`` (``r`` the rotated width), so ``q_m . k_n``
+depends on ``m - n`` only.
+
+Scalings of the frequencies, for running past the trained context ``original_length``:
+
+- ``linear``: Chen et al. 2023, "Extending Context Window of Large Language Models via Positional
+  Interpolation": ``theta_i / factor`` (position ``factor * p`` looks like position ``p``).
+- ``ntk``: the "NTK-aware" base change (bloc97, 2023): ``base' = base * factor^(r/(r-2))``.
+- ``yarn``: Peng et al. 2023, "YaRN: Efficient Context Window Extension of Large Language Models".
+  Pair ``i`` completes ``original_length * theta_i / (2 pi)`` turns over the trained context; pairs
+  with more than ``beta_fast`` (32) turns keep their frequency, pairs with fewer than ``beta_slow``
+  (1) are interpolated (``theta_i / factor``), with a linear ramp in between. The ramp ends are the
+  reference code's ``floor``/``ceil`` of ``r ln(L / (2 pi beta)) / (2 ln base)``, clamped to
+  ``[0, r - 1]``. The attention temperature ``sqrt(1/t) = 0.1 ln(factor) + 1`` multiplies cos and
+  sin, so both q and k carry it and the logits grow by ``(0.1 ln(factor) + 1)^2``.
+
+Conventions:
+
+- ``layout="interleaved"`` rotates pairs ``(x0, x1), (x2, x3), ...`` as RoFormer and the source
+  article do; ``layout="half"`` rotates ``(x_i, x_{i + r/2})`` as GPT-NeoX and LLaMA checkpoints do.
+  The two are equal up to a fixed permutation of the rotated channels (interleaved channel ``2i``
+  is half-split channel ``i``, channel ``2i + 1`` is ``i + r/2``), which is absorbed by the q/k
+  projections when training from scratch; a checkpoint must state which one it used.
+- ``fraction`` of the head dims is rotated, rounded down to an even count (GPT-NeoX
+  ``rotary_pct``); the first ``r`` channels rotate, the rest pass unchanged. With YaRN only the
+  rotated channels carry the temperature, as in the reference code, which scales cos and sin.
+- Angles are computed in float64 and cast to the input dtype. Tables are ``(N, r/2)`` and
+  broadcast over batch and heads. Interleaved float32/float64 inputs are rotated as one complex
+  multiplication (one pass over q); the half layout and other dtypes (float16, bfloat16) use
+  ``x * cos + swap(x) * sin``.
+- Tables are cached per (first position, length, device, dtype) on the CPU. On accelerators they
+  are recomputed every call: finding the cache key would need a host sync, and an ``(N, r/2)``
+  table is a few tiny kernels.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import Tensor
 
 from posenc_cli.encodings.base import PositionEncoding
+from posenc_cli.errors import UsageError
+
+Layout = Literal["interleaved", "half"]
+Scaling = Literal["none", "linear", "ntk", "yarn"]
+
+_MAX_CACHED = 16  # table entries kept per instance; a training run needs one or two
+
+
+def yarn_correction_dim(rotations: float, rotary_dim: int, base: float, length: int) -> float:
+    """Pair index (fractional) that completes ``rotations`` turns over ``length`` positions."""
+    return rotary_dim * math.log(length / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+
+def yarn_mscale(factor: float) -> float:
+    """YaRN's ``sqrt(1/t) = 0.1 ln(factor) + 1``, applied to both q and k (1 when not extending)."""
+    return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
+def rope_frequencies(
+    rotary_dim: int,
+    base: float = 10000.0,
+    scaling: Scaling = "none",
+    factor: float = 1.0,
+    original_length: int = 2048,
+    *,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+) -> Tensor:
+    """Angular frequency of each rotated pair, float64 ``(rotary_dim/2,)``."""
+    if scaling == "ntk":
+        base = base * factor ** (rotary_dim / (rotary_dim - 2))
+    pair = torch.arange(0, rotary_dim, 2, dtype=torch.float64)  # 2i
+    inv_freq = base ** (-pair / rotary_dim)  # (r/2,)
+    if scaling == "linear":
+        return inv_freq / factor
+    if scaling != "yarn":
+        return inv_freq
+    low = math.floor(yarn_correction_dim(beta_fast, rotary_dim, base, original_length))
+    high = math.ceil(yarn_correction_dim(beta_slow, rotary_dim, base, original_length))
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    if low == high:
+        high += 0.001  # the reference's guard against a zero-width ramp
+    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    # ramp 0: high frequency, kept (extrapolated); ramp 1: low frequency, interpolated
+    return inv_freq * (1 - ramp) + (inv_freq / factor) * ramp
+
+
+def rotary_tables(
+    positions: Tensor, inv_freq: Tensor, dtype: torch.dtype, scale: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """``scale * cos`` and ``scale * sin`` of ``positions x inv_freq``, each ``(N, r/2)``."""
+    angle = positions.to(torch.float64)[:, None] * inv_freq.to(positions.device, torch.float64)
+    return (angle.cos() * scale).to(dtype), (angle.sin() * scale).to(dtype)  # (N, r/2)
+
+
+def _complex_ok(x: Tensor) -> bool:
+    """Whether pairs of the last dim can be viewed as complex numbers without a copy."""
+    return (
+        x.dtype in (torch.float32, torch.float64)
+        and x.stride(-1) == 1
+        and x.storage_offset() % 2 == 0
+        and all(s % 2 == 0 for s in x.stride()[:-1])
+    )
+
+
+def rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor, layout: Layout) -> Tensor:
+    """Rotate every pair of the last dim of ``x`` ``(..., N, r)`` by tables ``(N, r/2)``."""
+    if layout == "interleaved":
+        if _complex_ok(x):
+            # (x0 + i x1) (cos + i sin): one pass over x, the table broadcast over batch and heads
+            turn = torch.complex(cos, sin)  # (N, r/2)
+            pairs = torch.view_as_complex(x.unflatten(-1, (-1, 2)))  # (..., N, r/2)
+            return torch.view_as_real(pairs * turn).flatten(-2)
+        cos_full = torch.stack([cos, cos], dim=-1).flatten(-2)  # (N, r): c0 c0 c1 c1 ...
+        sin_full = torch.stack([-sin, sin], dim=-1).flatten(-2)  # (N, r): -s0 s0 -s1 s1 ...
+        swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # x1 x0 x3 x2 ...
+        return x * cos_full + swapped * sin_full
+    # half-split: [a, b] -> [a cos - b sin, b cos + a sin]; roll swaps the halves in one copy,
+    # which measured faster than slicing the halves and concatenating four products
+    cos_full = torch.cat([cos, cos], dim=-1)  # (N, r)
+    sin_full = torch.cat([-sin, sin], dim=-1)  # (N, r)
+    return x * cos_full + x.roll(x.shape[-1] // 2, dims=-1) * sin_full
+
+
+def apply_rotary(
+    x: Tensor,
+    positions: Tensor,
+    inv_freq: Tensor,
+    layout: Layout = "interleaved",
+    *,
+    scale: float = 1.0,
+) -> Tensor:
+    """Rotate the first ``2 * len(inv_freq)`` channels of ``x`` ``(..., N, d)`` at ``positions``
+    ``(N,)``; the remaining channels pass unchanged. ``scale`` multiplies the rotated part."""
+    r = 2 * inv_freq.shape[0]
+    cos, sin = rotary_tables(positions, inv_freq, x.dtype, scale)
+    return _rotate_prefix(x, cos, sin, layout, r)
+
+
+def _rotate_prefix(x: Tensor, cos: Tensor, sin: Tensor, layout: Layout, r: int) -> Tensor:
+    if r == x.shape[-1]:
+        return rotate_pairs(x, cos, sin, layout)
+    return torch.cat([rotate_pairs(x[..., :r], cos, sin, layout), x[..., r:]], dim=-1)
+
+
+def _consecutive_start(positions: Tensor) -> int | None:
+    """``start`` if ``positions`` is ``start, start + 1, ...`` (read on the host), else None."""
+    if positions.ndim != 1 or positions.numel() == 0:
+        return None
+    start = int(positions[0])
+    if int(positions[-1]) - start != positions.numel() - 1:
+        return None
+    return start if bool((positions.diff() == 1).all()) else None
 
 
 class RotaryEmbedding(PositionEncoding):
-    pass
+    """RoPE: q and k are rotated by position; no parameters, shared by every layer."""
+
+    family = "rotary"
+    extrapolates = True
+    per_layer = False
+
+    def __init__(
+        self,
+        *,
+        layout: Layout = "interleaved",
+        base: float = 10000.0,
+        fraction: float = 1.0,
+        scaling: Scaling = "none",
+        factor: float = 1.0,
+        original_length: int = 2048,
+        beta_fast: float = 32.0,
+        beta_slow: float = 1.0,
+        heads: int = 8,
+        head_dim: int = 64,
+        causal: bool = False,
+    ) -> None:
+        super().__init__(heads=heads, head_dim=head_dim, causal=causal)
+        if layout not in ("interleaved", "half"):
+            raise UsageError(f"rope: layout must be 'interleaved' or 'half', got {layout!r}")
+        if scaling not in ("none", "linear", "ntk", "yarn"):
+            raise UsageError(
+                f"rope: scaling must be one of none, linear, ntk, yarn, got {scaling!r}"
+            )
+        if base <= 1:
+            raise UsageError(f"rope: base must be > 1, got {base}")
+        if not 0 < fraction <= 1:
+            raise UsageError(f"rope: fraction must be in (0, 1], got {fraction}")
+        rotary_dim = int(fraction * head_dim + 1e-9) // 2 * 2  # 0.58 * 100 = 57.99...
+        if rotary_dim < 2:
+            raise UsageError(
+                f"rope: fraction={fraction} of head_dim={head_dim} rotates no channel pair; "
+                f"raise fraction to at least {2 / head_dim:.3g}"
+            )
+        if scaling == "none" and factor != 1:
+            raise UsageError(f"rope: factor={factor} needs a scaling; set scaling=linear|ntk|yarn")
+        if factor < 1:
+            raise UsageError(
+                f"rope: factor must be >= 1 (new context / trained context), got {factor}"
+            )
+        if scaling == "ntk" and rotary_dim < 4:
+            raise UsageError("rope: scaling=ntk needs at least 4 rotated channels; raise fraction")
+        if original_length < 1:
+            raise UsageError(f"rope: original_length must be >= 1, got {original_length}")
+        if not 0 < beta_slow < beta_fast:
+            raise UsageError(
+                f"rope: need 0 < beta_slow < beta_fast, got {beta_slow} and {beta_fast}"
+            )
+        self.layout: Layout = layout
+        self.base = base
+        self.fraction = fraction
+        self.scaling: Scaling = scaling
+        self.factor = factor
+        self.original_length = original_length
+        self.rotary_dim = rotary_dim
+        # a plain float64 attribute, not a buffer: module.half() must not round the frequencies
+        self.inv_freq = rope_frequencies(
+            rotary_dim,
+            base,
+            scaling,
+            factor,
+            original_length,
+            beta_fast=beta_fast,
+            beta_slow=beta_slow,
+        )  # (r/2,)
+        self.mscale = yarn_mscale(factor) if scaling == "yarn" else 1.0
+        self._cache: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+    def extra_repr(self) -> str:
+        return (
+            f"layout={self.layout}, base={self.base}, rotary_dim={self.rotary_dim}, "
+            f"scaling={self.scaling}, factor={self.factor}"
+        )
+
+    def tables(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """Scaled cos and sin at ``positions``, each ``(N, r/2)``; cached on the CPU."""
+        if positions.device.type != "cpu":
+            return rotary_tables(positions, self.inv_freq, dtype, self.mscale)
+        start = _consecutive_start(positions)
+        if start is None:
+            return rotary_tables(positions, self.inv_freq, dtype, self.mscale)
+        key = (start, positions.numel(), positions.device, dtype)
+        if key not in self._cache:
+            if len(self._cache) >= _MAX_CACHED:
+                self._cache.pop(next(iter(self._cache)))  # oldest first
+            self._cache[key] = rotary_tables(positions, self.inv_freq, dtype, self.mscale)
+        return self._cache[key]
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        k_cos, k_sin = self.tables(k_pos, k.dtype)
+        nq = q_pos.numel()
+        tail = k_pos[k_pos.numel() - nq :]
+        if q_pos is k_pos or (
+            q.dtype == k.dtype
+            and q_pos.data_ptr() == tail.data_ptr()
+            and q_pos.shape == tail.shape
+            and q_pos.stride() == tail.stride()
+        ):
+            # the queries are the last keys (Attention's contract): reuse the key table
+            q_cos, q_sin = k_cos[k_pos.numel() - nq :], k_sin[k_pos.numel() - nq :]
+        else:
+            q_cos, q_sin = self.tables(q_pos, q.dtype)
+        r = self.rotary_dim
+        return (
+            _rotate_prefix(q, q_cos, q_sin, self.layout, r),
+            _rotate_prefix(k, k_cos, k_sin, self.layout, r),
+        )

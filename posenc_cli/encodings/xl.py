@@ -1,7 +1,121 @@
-"""Placeholder: being written."""
+"""Transformer-XL relative position encoding.
 
-from posenc_cli.encodings.base import PositionEncoding
+Dai, Yang, Yang, Carbonell, Le, Salakhutdinov 2019, "Transformer-XL: Attentive Language Models
+Beyond a Fixed-Length Context", section 3.3. The score of query i against key j is
+
+    A_ij = q_i . k_j              (a) content, computed by the attention module itself
+         + q_i . W_R R_{i-j}      (b) content-dependent position
+         + u . k_j                (c) global content bias
+         + v . W_R R_{i-j}        (d) global position bias
+
+all times the usual 1/sqrt(d). ``R_{i-j}`` is a fixed sinusoid of the distance over the model
+dim, ``W_R`` a learned projection (no bias) to the heads, ``u`` and ``v`` learned ``(H, d)``
+vectors. ``bias()`` returns (b) + (c) + (d), already scaled.
+
+Conventions and deviations:
+- Distance is query minus key, ``i - j`` (the paper's sign; T5 and Shaw use ``j - i``).
+- Sinusoid layout: the reference code's ``[sin(x w_0..w_{D/2-1}) | cos(x w_0..w_{D/2-1})]`` with
+  ``w_k = base^(-2k/D)``, not Vaswani's interleaved sin/cos columns. The two differ by a fixed
+  permutation of columns, which ``W_R`` absorbs; the reference layout lets its checkpoints load.
+  ``R_{-x}`` follows the same formula (sin halves change sign, cos halves do not).
+- Causal (the paper's language model) only ever needs ``i - j >= 0``: only those distances are
+  projected, and future pairs, which the attention mask removes anyway, read distance 0. The
+  bidirectional (encoder) case, not in the paper, projects negative distances too.
+- ``clamp_len`` (reference code option): distances are clipped to ``[-clamp_len, clamp_len]``
+  before the sinusoid. None (default) clips nothing.
+- Parameters live in every layer (``per_layer``): each layer owns ``W_R``, ``u`` and ``v``. The
+  reference code projects with a per-layer ``W_R`` but by default ties ``u``, ``v`` across layers
+  (``untie_r=False``); posenc keeps them per layer, as ``--untie_r`` does.
+- Init: ``u``, ``v`` and ``W_R`` are normal with std 0.02, the reference code's default.
+- Segment-level recurrence (memory): the attention module prepends ``memory`` to the keys; keys
+  may be longer than queries and every pair gets its true distance. Stopping the gradient into
+  the memory (the paper's SG) is the caller's job: pass ``memory.detach()``.
+- Efficiency: (b) + (d) is ``(q + v) @ (W_R R)^T`` once per distinct distance,
+  ``(B, H, Nq, n_dist)``, then gathered by distance id; (c) is ``(B, H, 1, Nk)`` broadcast. No
+  ``(Nq, Nk, d)`` tensor is built. The index tensors are cheap and not cached.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from posenc_cli.encodings.base import PositionEncoding, gather_buckets
+from posenc_cli.errors import UsageError
+
+
+def relative_sinusoid(distances: Tensor, dim: int, base: float = 10000.0) -> Tensor:
+    """``R_x`` for each (any sign) distance x: ``(n, dim)`` float64, ``[sin | cos]`` halves."""
+    freq = base ** -(torch.arange(0, dim, 2, dtype=torch.float64, device=distances.device) / dim)
+    angle = distances.double()[:, None] * freq  # (n, dim/2)
+    return torch.cat([angle.sin(), angle.cos()], dim=-1)  # (n, dim)
+
+
+def distance_index(
+    q_pos: Tensor, k_pos: Tensor, *, causal: bool = False, clamp_len: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """Ids ``(Nq, Nk)`` of each pair's distance ``i - j`` into the distinct distances ``(n,)``.
+
+    Causal keeps only ``i - j >= 0`` (future pairs read 0); ``clamp_len`` clips ``|i - j|``.
+    """
+    dist = q_pos[:, None] - k_pos[None, :]  # (Nq, Nk)
+    low = 0 if causal else None
+    high = None
+    if clamp_len is not None:
+        low = max(low, -clamp_len) if low is not None else -clamp_len
+        high = clamp_len
+    if low is not None or high is not None:
+        dist = dist.clamp(min=low, max=high)
+    lo, hi = (int(dist.min()), int(dist.max())) if dist.numel() else (0, 0)
+    distances = torch.arange(lo, hi + 1, device=dist.device)  # (n,)
+    return dist - lo, distances
 
 
 class TransformerXLRelative(PositionEncoding):
-    pass
+    """Transformer-XL's four-term relative score: ``W_R R_{i-j}`` with global biases u, v."""
+
+    family = "relative"
+    per_layer = True
+
+    def __init__(
+        self,
+        *,
+        base: float = 10000.0,
+        clamp_len: int | None = None,
+        dim: int = 512,
+        heads: int = 8,
+        head_dim: int = 64,
+        causal: bool = False,
+    ) -> None:
+        super().__init__(heads=heads, head_dim=head_dim, causal=causal)
+        if dim < 2 or dim % 2:
+            raise UsageError(f"xl: dim must be even and >= 2 (sin and cos halves), got {dim}")
+        if base <= 1:
+            raise UsageError(f"xl: base must be > 1 (10000 in the paper), got {base}")
+        if clamp_len is not None and clamp_len < 1:
+            raise UsageError(
+                f"xl: clamp_len must be >= 1, or None to clip nothing, got {clamp_len}"
+            )
+        self.dim = dim
+        self.base = base
+        self.clamp_len = clamp_len
+        self.proj = nn.Linear(dim, heads * head_dim, bias=False)  # W_R (the paper's W_{k,R})
+        self.u = nn.Parameter(torch.empty(heads, head_dim))  # global content bias
+        self.v = nn.Parameter(torch.empty(heads, head_dim))  # global position bias
+        for p in (self.proj.weight, self.u, self.v):
+            nn.init.normal_(p, std=0.02)
+
+    def position_keys(self, distances: Tensor) -> Tensor:
+        """``W_R R_x`` per head for each distance: ``(H, n, d)``."""
+        r = relative_sinusoid(distances, self.dim, self.base).to(self.proj.weight.dtype)
+        r = self.proj(r)  # (n, H*d)
+        return r.view(len(distances), self.heads, self.head_dim).transpose(0, 1)  # (H, n, d)
+
+    def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        ids, distances = distance_index(q_pos, k_pos, causal=self.causal, clamp_len=self.clamp_len)
+        r = self.position_keys(distances).to(q.dtype)  # (H, n, d)
+        u = self.u.to(q.dtype)[None, :, None, :]  # (1, H, 1, d)
+        v = self.v.to(q.dtype)[None, :, None, :]  # (1, H, 1, d)
+        position = gather_buckets((q + v) @ r.transpose(-2, -1), ids)  # (b)+(d): (B, H, Nq, Nk)
+        content = (k @ u.transpose(-2, -1)).transpose(-2, -1)  # (c): (B, H, 1, Nk)
+        return (position + content) * self.logit_scale()

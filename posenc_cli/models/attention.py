@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posenc_cli.encodings.base import PositionEncoding
 from posenc_cli.encodings.absolute import NoPosition
+from posenc_cli.encodings.base import PositionEncoding
+from posenc_cli.models.biased_sdpa import biased_attention
 
 
 def attention_mask(
@@ -52,7 +53,16 @@ class Attention(nn.Module):
         self.head_dim = dim // heads
         self.causal = causal
         self.dropout = dropout
-        self.encoding = encoding if encoding is not None else NoPosition()
+        if encoding is None:
+            encoding = NoPosition(heads=heads, head_dim=self.head_dim)
+        self.encoding = encoding
+        shape = (self.encoding.heads, self.encoding.head_dim)
+        if shape != (heads, self.head_dim):
+            # the encoding's tables and its logit scale were built for its own head shape
+            raise ValueError(
+                f"encoding was built for heads={shape[0]}, head_dim={shape[1]} but the attention "
+                f"has heads={heads}, head_dim={self.head_dim}; build both from the same numbers"
+            )
         self.q = nn.Linear(dim, dim, bias=qkv_bias)
         self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
@@ -87,18 +97,29 @@ class Attention(nn.Module):
         if self.encoding.uses_value:
             out = self.manual(q, k, v, bias, mask, scale, drop, q_pos, k_pos)
         else:
-            out = self.fused(q, k, v, bias, mask, scale, drop, N == Nk)
+            plain_causal = self.causal and key_mask is None and N == Nk
+            out = self.fused(q, k, v, bias, mask, scale, drop, plain_causal)
         return self.proj(out.transpose(1, 2).reshape(B, N, D))
 
-    def fused(self, q, k, v, bias, mask, scale, drop, square) -> Tensor:
-        if bias is None and mask is not None and self.causal and square and len(mask) == 1:
+    def fused(self, q, k, v, bias, mask, scale, drop, plain_causal) -> Tensor:
+        if bias is None and plain_causal:
             # pure causal: let the kernel build the mask itself
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True, scale=scale)
+            return F.scaled_dot_product_attention(
+                q, k, v, dropout_p=drop, is_causal=True, scale=scale
+            )
         if bias is not None:
             bias = bias.to(q.dtype)
             if mask is not None:
                 bias = bias.masked_fill(~mask, torch.finfo(bias.dtype).min)
+            if drop == 0.0:
+                return biased_attention(q, k, v, bias, scale)
             mask = bias
+        elif mask is not None:
+            # additive rather than boolean: a fully masked row (left padding under a causal
+            # mask) then gives a uniform row instead of NaN
+            mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(
+                ~mask, torch.finfo(q.dtype).min
+            )
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=scale)
 
     def manual(self, q, k, v, bias, mask, scale, drop, q_pos, k_pos) -> Tensor:
@@ -112,4 +133,3 @@ class Attention(nn.Module):
         out = attn @ v
         extra = self.encoding.value(attn, q_pos, k_pos)
         return out if extra is None else out + extra
-

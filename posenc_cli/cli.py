@@ -1,0 +1,160 @@
+"""The ``posenc`` command line: thin Typer wrappers around plain functions.
+
+Every user mistake raises ``UsageError``; ``main`` prints it as one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from posenc_cli import __version__
+from posenc_cli.errors import UsageError
+
+app = typer.Typer(
+    help="posenc: position encodings for Transformers, built, compared and measured.\n\n"
+    "Example: posenc list",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+
+
+class Format(str, Enum):
+    table = "table"
+    json = "json"
+
+
+def show_version(value: bool) -> None:
+    if value:
+        print(f"posenc {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=show_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """posenc: position encodings for Transformers."""
+
+
+@app.command("list")
+def list_command(
+    format: Annotated[Format, typer.Option("--format", help="table or json")] = Format.table,
+) -> None:
+    """List every encoding: family, 1D/2D, parameters, extrapolation, fused path.
+
+    Example: posenc list --format json
+    """
+    from posenc_cli.catalog import describe_all
+
+    rows = describe_all()
+    if format is Format.json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table(title="posenc encodings")
+    for column in ("name", "family", "dims", "parameters (defaults)", "extrapolates", "fused SDPA"):
+        table.add_column(column)
+    for row in rows:
+        params = ", ".join(f"{k}={v['default']!r}" for k, v in row["params"].items()) or "-"
+        table.add_row(
+            row["name"],
+            row["family"],
+            f"{row['dims']}D",
+            params,
+            "yes" if row["extrapolates"] else "no",
+            "yes" if row["fused"] else "no (value term)",
+        )
+    console.print(table)
+
+
+@app.command("viz-bias")
+def viz_bias(
+    encoding: Annotated[str, typer.Argument(help="Encoding name, see `posenc list`.")],
+    params: Annotated[
+        list[str] | None, typer.Argument(help="Encoding parameters as KEY=VALUE.")
+    ] = None,
+    length: Annotated[int, typer.Option("--length", help="Number of positions N.")] = 64,
+    heads: Annotated[int, typer.Option("--heads", help="Attention heads.")] = 4,
+    head_dim: Annotated[int, typer.Option("--head-dim", help="Channels per head.")] = 32,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for content and projections.")] = 0,
+    out: Annotated[Path | None, typer.Option("--out", help="PNG file to write.")] = None,
+    format: Annotated[Format, typer.Option("--format", help="table or json")] = Format.table,
+) -> None:
+    """Show the positional part of the attention logits as an N x N map per head.
+
+    For `sinusoidal` it shows U_i.U_j beside U_i^T W_q^T W_k U_j with random projections: the
+    relative pattern of the raw sinusoid vanishes after projection.
+
+    Example: posenc viz-bias t5 num_buckets=16 --length 48 --out t5.png
+    """
+    from posenc_cli.bias_maps import positional_logits, toeplitz_error
+    from posenc_cli.encodings import build_encoding
+    from posenc_cli.params import parse_assignments
+
+    for name, value in (("--length", length), ("--heads", heads), ("--head-dim", head_dim)):
+        if value < 1:
+            raise UsageError(f"{name} must be at least 1, got {value}")
+    if out is not None and out.suffix.lower() != ".png":
+        raise UsageError(f"--out {out}: give a file name ending in .png")
+    user = parse_assignments(params or [])
+    enc = build_encoding(
+        encoding, dim=heads * head_dim, heads=heads, head_dim=head_dim, **user
+    ).eval()
+    maps = positional_logits(enc, length, seed)
+    if out is not None:
+        from posenc_cli.plots import save_bias_maps
+
+        settings = ", ".join(f"{k}={v}" for k, v in user.items())
+        title = f"{encoding}({settings})  N={length}, heads={heads}, d={head_dim}"
+        save_bias_maps(maps, title, out)
+    if format is Format.json:
+        payload = {
+            "encoding": encoding,
+            "params": user,
+            "length": length,
+            "heads": heads,
+            "head_dim": head_dim,
+            "maps": {m.title: m.maps.tolist() for m in maps},
+            "toeplitz_error": {m.title: [toeplitz_error(h) for h in m.maps] for m in maps},
+            "png": str(out) if out else None,
+        }
+        print(json.dumps(payload))
+        return
+    table = Table(title=f"{encoding}: positional logits over {length} positions")
+    for column in ("map", "head", "min", "max", "depends only on j - i"):
+        table.add_column(column)
+    for m in maps:
+        for h, head_map in enumerate(m.maps):
+            error = toeplitz_error(head_map)
+            relative = "yes" if error < 1e-4 else f"no (diagonal spread {error:.0%})"
+            label = str(h) if m.maps.shape[0] > 1 else "all"
+            table.add_row(
+                m.title, label, f"{head_map.min():.3g}", f"{head_map.max():.3g}", relative
+            )
+    console.print(table)
+    if out is not None:
+        console.print(f"wrote {out}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: a user error becomes one line on stderr and exit status 2.
+
+    Typer (click) already answers malformed options with a usage message and exit 2.
+    """
+    try:
+        app(args=argv, prog_name="posenc")
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,79 @@
+"""Fused attention with a learned additive bias, fast on the CPU too.
+
+PyTorch's CPU flash kernel accepts an ``attn_mask`` but, when that mask needs a gradient
+(T5's learned bias table, Shaw's or XL's q-dependent terms), SDPA falls back to the math path,
+which materialises every (B, H, N, N) intermediate and measured 3.2x slower than no bias at
+N = 1024 here. This function keeps the flash kernel for the forward pass and for dq, dk, dv, and
+computes only the bias gradient itself, in query chunks:
+
+    P = exp(q k^T * scale + bias - logsumexp),  dS = P * (dO v^T - rowsum(dO * O))
+
+which is the softmax backward restricted to what the bias needs. On CUDA (or without a bias
+gradient) plain SDPA is used: its kernels already handle a bias gradient efficiently.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+CHUNK_ELEMENTS = 1 << 22  # about 16 MB of float32 per (B, H, chunk, Nk) intermediate
+
+
+def reduce_to(grad: Tensor, shape: torch.Size) -> Tensor:
+    """Sum a broadcast gradient back to the shape of the tensor that was broadcast."""
+    dims = [i for i, (g, s) in enumerate(zip(grad.shape, shape, strict=True)) if s == 1 and g != 1]
+    return grad.sum(dim=dims, keepdim=True) if dims else grad
+
+
+class _FlashBiasAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, attn_mask=bias, scale=scale
+        )
+        ctx.save_for_backward(q, k, v, bias, out, lse)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        q, k, v, bias, out, lse = ctx.saved_tensors
+        scale = ctx.scale
+        grad_out = grad_out.contiguous()
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad_out, q, k, v, out, lse, 0.0, False, attn_mask=bias, scale=scale
+        )
+        dbias = None
+        if ctx.needs_input_grad[3]:
+            B, H, N, _ = q.shape
+            Nk = k.shape[-2]
+            full_bias = bias.expand(B, H, N, Nk)
+            row_dot = (grad_out * out).sum(-1, keepdim=True)  # (B, H, N, 1)
+            step = max(1, CHUNK_ELEMENTS // max(1, B * H * Nk))
+            chunks = []
+            for s in range(0, N, step):
+                rows = slice(s, s + step)
+                logits = (q[:, :, rows] @ k.transpose(-2, -1)) * scale + full_bias[:, :, rows]
+                prob = torch.exp(logits - lse[:, :, rows, None])  # (B, H, c, Nk)
+                dprob = grad_out[:, :, rows] @ v.transpose(-2, -1)
+                dscore = prob * (dprob - row_dot[:, :, rows])
+                batch_dims = [i for i in (0, 1) if bias.shape[i] == 1]
+                chunks.append(dscore.sum(dim=batch_dims, keepdim=True) if batch_dims else dscore)
+            dbias = reduce_to(torch.cat(chunks, dim=2), bias.shape)
+        return dq, dk, dv, dbias, None
+
+
+def biased_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
+    """``softmax(q k^T * scale + bias) v`` with ``bias`` ``(B|1, H|1, Nq, Nk)``, no dropout."""
+    usable = (
+        bias.requires_grad
+        and q.device.type == "cpu"
+        and torch.is_grad_enabled()
+        and q.dtype in (torch.float32, torch.float64, torch.bfloat16)
+        and bias.dtype == q.dtype
+    )
+    if not usable:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+    return _FlashBiasAttention.apply(q, k, v, bias, scale)

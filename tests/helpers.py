@@ -1,0 +1,37 @@
+"""Small builders shared by the tests: one encoding plus the one attention module."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from posenc_cli.encodings import build_encoding
+from posenc_cli.models.attention import Attention
+
+DIM, HEADS = 32, 4
+
+
+class Layer(nn.Module):
+    """Input embedding (for absolute encodings) followed by one attention layer."""
+
+    def __init__(self, name: str, causal: bool = False, **params) -> None:
+        super().__init__()
+        self.encoding = build_encoding(
+            name, dim=DIM, heads=HEADS, head_dim=DIM // HEADS, causal=causal, **params
+        )
+        self.attention = Attention(DIM, HEADS, self.encoding, causal=causal)
+
+    def forward(self, x: Tensor, offset: int = 0, memory=None, key_mask=None) -> Tensor:
+        n_mem = 0 if memory is None else memory.shape[1]
+        positions = torch.arange(offset + n_mem, offset + n_mem + x.shape[1])
+        x = self.encoding.embed(x, positions)
+        return self.attention(x, memory=memory, key_mask=key_mask, offset=offset)
+
+
+def layer(name: str, causal: bool = False, seed: int = 0, **params) -> Layer:
+    torch.manual_seed(seed)
+    module = Layer(name, causal=causal, **params).double()
+    for p in module.parameters():  # zero-initialised tables would make tests vacuous
+        if p.abs().max() == 0:
+            nn.init.normal_(p, std=0.5)
+    return module

@@ -1,0 +1,139 @@
+"""Every registry entry, automatically: builds, shapes, gradients, masks, invariances."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posenc_cli.encodings import ENCODINGS, build_encoding, check_params, user_params
+from posenc_cli.errors import UsageError
+from tests.helpers import DIM, layer
+
+NAMES = list(ENCODINGS)
+RELATIVE = [n for n in NAMES if ENCODINGS[n].family in ("relative", "bias", "rotary")]
+
+
+def x_of(n: int = 10, batch: int = 2, seed: int = 1) -> torch.Tensor:
+    return torch.randn(batch, n, DIM, generator=torch.Generator().manual_seed(seed)).double()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_forward_shape_and_finite(name):
+    out = layer(name)(x_of())
+    assert out.shape == (2, 10, DIM)
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gradients_reach_every_learned_parameter(name):
+    module = layer(name)
+    module(x_of()).square().sum().backward()
+    for pname, p in module.encoding.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, f"{name}.{pname} got no gradient"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_queries_shorter_than_keys(name):
+    module = layer(name, causal=True)
+    out = module(x_of(4), memory=x_of(6, seed=2))
+    assert out.shape == (2, 4, DIM) and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_causal_never_looks_ahead(name):
+    module = layer(name, causal=True)
+    x = x_of(12)
+    changed = x.clone()
+    changed[:, 7:] = torch.randn_like(changed[:, 7:])
+    torch.testing.assert_close(module(x)[:, :7], module(changed)[:, :7], atol=1e-12, rtol=0)
+    assert not torch.allclose(module(x)[:, 7:], module(changed)[:, 7:])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_padded_keys_are_ignored(name):
+    module = layer(name)
+    x = x_of(9)
+    key_mask = torch.ones(2, 9, dtype=torch.bool)
+    key_mask[1, 6:] = False
+    changed = x.clone()
+    changed[1, 6:] = torch.randn_like(changed[1, 6:])
+    a = module(x, key_mask=key_mask)
+    b = module(changed, key_mask=key_mask)
+    torch.testing.assert_close(a[1, :6], b[1, :6], atol=1e-12, rtol=0)
+    torch.testing.assert_close(a[0], b[0], atol=1e-12, rtol=0)
+
+
+def test_none_is_permutation_equivariant():
+    module = layer("none")
+    x = x_of(11)
+    perm = torch.randperm(11, generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(module(x[:, perm]), module(x)[:, perm], atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "none"])
+def test_position_aware_encodings_break_permutation_equivariance(name):
+    module = layer(name)
+    x = x_of(11)
+    perm = torch.randperm(11, generator=torch.Generator().manual_seed(3))
+    assert not torch.allclose(module(x[:, perm]), module(x)[:, perm], atol=1e-6)
+
+
+@pytest.mark.parametrize("name", RELATIVE)
+def test_relative_encodings_are_translation_invariant(name):
+    """Shifting every position by the same amount changes nothing: only j - i is seen."""
+    module = layer(name)
+    x = x_of(10)
+    torch.testing.assert_close(module(x, offset=0), module(x, offset=37), atol=1e-9, rtol=1e-9)
+
+
+def test_absolute_sinusoid_is_not_translation_invariant():
+    module = layer("sinusoidal")
+    x = x_of(10)
+    assert not torch.allclose(module(x, offset=0), module(x, offset=37), atol=1e-3)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fused_path_equals_dense_reference(name):
+    """The attention module's output against softmax(q k^T * scale + bias) v + value, in float64,
+    computed here from the hooks with plain tensor algebra."""
+    module = layer(name, causal=True)
+    enc, att = module.encoding, module.attention
+    x = enc.embed(x_of(9), torch.arange(9))
+    pos = torch.arange(9)
+    q = att.split_heads(att.q(x))
+    k, v = (att.split_heads(t) for t in att.kv(x).chunk(2, -1))
+    q, k = enc.rotate(q, k, pos, pos)
+    logits = q @ k.transpose(-2, -1) * enc.logit_scale()
+    bias = enc.bias(q, k, pos, pos)
+    if bias is not None:
+        logits = logits + bias
+    logits = logits.masked_fill(torch.ones(9, 9, dtype=torch.bool).triu(1), float("-inf"))
+    weights = logits.softmax(-1)
+    out = weights @ v
+    extra = enc.value(weights, pos, pos)
+    if extra is not None:
+        out = out + extra
+    expected = att.proj(out.transpose(1, 2).reshape(2, 9, DIM))
+    got = att(x)
+    torch.testing.assert_close(got, expected, atol=1e-9, rtol=1e-9)
+
+
+def test_unknown_encoding_names_a_close_match():
+    with pytest.raises(UsageError, match=r"did you mean 'alibi'.*valid: none"):
+        build_encoding("albi")
+
+
+def test_unknown_parameter_lists_the_valid_ones():
+    with pytest.raises(UsageError, match=r"no parameter 'num_bucket'.*'num_buckets'"):
+        build_encoding("t5", num_bucket=16)
+
+
+def test_parameter_values_are_converted_by_declared_type():
+    assert check_params("learned", {"length": "128"}) == {"length": 128}
+    with pytest.raises(UsageError, match="learned.length: expected int"):
+        check_params("learned", {"length": "long"})
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_model_arguments_are_not_user_parameters(name):
+    assert not {"dim", "heads", "head_dim", "causal"} & set(user_params(name))
