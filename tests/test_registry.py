@@ -6,10 +6,13 @@ import pytest
 import torch
 
 from posenc_cli.encodings import ENCODINGS, build_encoding, check_params, user_params
+from posenc_cli.encodings.base import grid_positions
 from posenc_cli.errors import UsageError
+from posenc_cli.models.attention import Attention
 from tests.helpers import DIM, layer
 
-NAMES = list(ENCODINGS)
+NAMES = [n for n in ENCODINGS if ENCODINGS[n].dims == 1]
+IMAGE = [n for n in ENCODINGS if ENCODINGS[n].dims == 2]
 RELATIVE = [n for n in NAMES if ENCODINGS[n].family in ("relative", "bias", "rotary")]
 
 
@@ -134,6 +137,21 @@ def test_parameter_values_are_converted_by_declared_type():
         check_params("learned", {"length": "long"})
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", IMAGE)
+def test_image_encodings_on_a_rectangular_grid_with_a_class_token(name):
+    torch.manual_seed(0)
+    enc = build_encoding(name, dim=DIM, heads=4, head_dim=DIM // 4)
+    att = Attention(DIM, 4, enc).double()
+    enc.double()
+    positions = grid_positions(3, 5, prefix=1)
+    x = enc.embed(x_of(16), positions)
+    out = att(x, positions=positions)
+    assert out.shape == (2, 16, DIM) and torch.isfinite(out).all()
+    out.square().sum().backward()
+    for pname, p in enc.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, f"{name}.{pname} got no gradient"
+
+
+@pytest.mark.parametrize("name", list(ENCODINGS))
 def test_model_arguments_are_not_user_parameters(name):
     assert not {"dim", "heads", "head_dim", "causal"} & set(user_params(name))

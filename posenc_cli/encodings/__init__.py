@@ -14,8 +14,12 @@ from posenc_cli.encodings.absolute import LearnedAbsolute, NoPosition, Sinusoida
 from posenc_cli.encodings.alibi import ALiBi
 from posenc_cli.encodings.base import MODEL_ARGS, PositionEncoding
 from posenc_cli.encodings.deberta import DebertaDisentangled
+from posenc_cli.encodings.learned2d import Learned2D
 from posenc_cli.encodings.rope import RotaryEmbedding
+from posenc_cli.encodings.rope2d import Rope2D
 from posenc_cli.encodings.shaw import ShawRelative
+from posenc_cli.encodings.sincos2d import SinCos2D
+from posenc_cli.encodings.swin import SwinBias
 from posenc_cli.encodings.t5 import T5Bias
 from posenc_cli.encodings.xl import TransformerXLRelative
 from posenc_cli.errors import UsageError
@@ -31,6 +35,11 @@ ENCODINGS: dict[str, type[PositionEncoding]] = {
     "rope": RotaryEmbedding,
     "alibi": ALiBi,
     "deberta": DebertaDisentangled,
+    # image grids (2D positions)
+    "sincos2d": SinCos2D,
+    "learned2d": Learned2D,
+    "rope2d": Rope2D,
+    "swin": SwinBias,
 }
 
 

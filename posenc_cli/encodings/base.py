@@ -3,6 +3,8 @@
 An encoding overrides only the hooks it needs; the defaults do nothing:
 
 - ``embed(x, positions)``: absolute encodings add to the token embeddings, once, at the input.
+- ``qk_input(positions)``: a ``(N, D)`` embedding added to the inputs of the query and key
+  projections (not the values) in every layer, as DETR does with its 2D sinusoid.
 - ``rotate(q, k, q_pos, k_pos)``: rotary encodings turn q and k by position.
 - ``bias(q, k, q_pos, k_pos)``: an additive logit term ``(B|1, H, Nq, Nk)``, already in logit
   units (the encoding applies any scale it needs). Content-free biases (T5, ALiBi) ignore q and k.
@@ -10,14 +12,17 @@ An encoding overrides only the hooks it needs; the defaults do nothing:
   (Shaw's a^V). An encoding with a value term needs the attention weights, so the attention module
   takes its manual path for it.
 
-Positions are integer tensors. When keys are longer than queries (a memory of the previous
-segment, or a cache), the queries are the last ``Nq`` keys: ``q_pos = k_pos[-Nq:]``.
+Positions are integer tensors: ``(N,)`` for sequences, ``(N, 2)`` (row, col) for image grids in
+row-major order, where prefix tokens (class, distillation) come first and carry ``(-1, -1)``
+(see ``grid_positions``). When keys are longer than queries (a memory of the previous segment,
+or a cache), the queries are the last ``Nq`` keys: ``q_pos = k_pos[-Nq:]``.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar, Literal
 
+import torch
 from torch import Tensor, nn
 
 Family = Literal["none", "absolute", "relative", "rotary", "bias"]
@@ -53,6 +58,15 @@ class PositionEncoding(nn.Module):
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         return x
 
+    def buckets(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, int] | None:
+        """Bucket id of every (query, key) pair ``(Nq, Nk)`` and the number of buckets, for the
+        encodings that share parameters between positions; None for the rest. Read by
+        ``viz-buckets``; the encodings' own hooks use the same ids."""
+        return None
+
+    def qk_input(self, positions: Tensor) -> Tensor | None:
+        return None
+
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         return q, k
 
@@ -61,6 +75,28 @@ class PositionEncoding(nn.Module):
 
     def value(self, attn: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         return None
+
+
+PREFIX = -1  # the (row, col) of a prefix token: it has no place on the grid
+
+
+def grid_positions(height: int, width: int, prefix: int = 0, device=None) -> Tensor:
+    """(row, col) of every token, ``(P + H*W, 2)``: ``prefix`` tokens first at ``(-1, -1)``,
+    then the patches in row-major order."""
+    rows = torch.arange(height, device=device).repeat_interleave(width)
+    cols = torch.arange(width, device=device).repeat(height)
+    patches = torch.stack([rows, cols], dim=-1)  # (H*W, 2)
+    head = torch.full((prefix, 2), PREFIX, dtype=patches.dtype, device=device)
+    return torch.cat([head, patches])
+
+
+def grid_shape(positions: Tensor) -> tuple[int, int, int]:
+    """``(height, width, prefix)`` of a ``grid_positions`` tensor."""
+    on_grid = positions[:, 0] >= 0
+    prefix = int((~on_grid).sum())
+    if not bool(on_grid.any()):
+        return 0, 0, prefix
+    return int(positions[on_grid, 0].max()) + 1, int(positions[on_grid, 1].max()) + 1, prefix
 
 
 def relative_positions(q_pos: Tensor, k_pos: Tensor) -> Tensor:

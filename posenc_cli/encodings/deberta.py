@@ -155,6 +155,10 @@ class DebertaDisentangled(PositionEncoding):
         )
         return relative_index(rel, self.span)
 
+    def buckets(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, int]:
+        """The c2p row delta(i, j) of every pair (p2c reads delta(j, i), the transpose)."""
+        return self.relative(q_pos, k_pos), 2 * self.span
+
     def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         score = None
         if self.pos_key is not None:

@@ -90,6 +90,9 @@ class ShawRelative(PositionEncoding):
     def uses_value(self) -> bool:
         return self.use_value
 
+    def buckets(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, int]:
+        return shaw_buckets(q_pos, k_pos, self.max_distance), self.num_buckets
+
     def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         if self.key_table is None:
             return None

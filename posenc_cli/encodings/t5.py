@@ -125,6 +125,9 @@ class T5Bias(PositionEncoding):
         md = self.max_distance
         return self.lookup[rel.clamp(-md, md) + md]
 
+    def buckets(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, int]:
+        return self.bucket_ids(q_pos, k_pos), self.num_buckets
+
     def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         ids = self.bucket_ids(q_pos, k_pos)  # (Nq, Nk)
         return self.table.weight.t()[:, ids].unsqueeze(0)  # (1, H, Nq, Nk)

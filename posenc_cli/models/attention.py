@@ -77,17 +77,33 @@ class Attention(nn.Module):
         memory: Tensor | None = None,
         key_mask: Tensor | None = None,
         offset: int = 0,
+        positions: Tensor | None = None,
     ) -> Tensor:
         """``x`` (B, N, D); ``memory`` (B, M, D) or None; ``key_mask`` (B, M+N) True = real token;
-        ``offset`` shifts every position (cached decoding, translation tests)."""
+        ``offset`` shifts every 1D position (cached decoding, translation tests); ``positions``
+        gives the keys' positions explicitly, ``(M+N,)`` or ``(M+N, 2)`` for an image grid."""
         context = x if memory is None else torch.cat([memory, x], dim=1)
         B, N, D = x.shape
         Nk = context.shape[1]
-        k_pos = torch.arange(offset, offset + Nk, device=x.device)
+        if positions is None:
+            k_pos = torch.arange(offset, offset + Nk, device=x.device)
+        else:
+            k_pos = positions.to(x.device)
+            if len(k_pos) != Nk:
+                raise ValueError(f"positions cover {len(k_pos)} tokens, the keys are {Nk}")
         q_pos = k_pos[Nk - N :]
 
-        q = self.split_heads(self.q(x))
-        k, v = (self.split_heads(t) for t in self.kv(context).chunk(2, dim=-1))
+        if k_pos.dim() > 1 and self.causal:
+            raise ValueError("a causal mask needs 1D positions; image grids are not causal")
+        q, kv = self.q(x), self.kv(context)
+        added = self.encoding.qk_input(k_pos)  # (Nk, D) or None
+        if added is not None:
+            # W(x + p) = W x + W p: add the projected embedding to q and k, leave v alone
+            added = added.to(x.dtype)
+            q = q + F.linear(added[Nk - N :], self.q.weight)
+            kv = kv + F.pad(F.linear(added, self.kv.weight[:D]), (0, D))
+        q = self.split_heads(q)
+        k, v = (self.split_heads(t) for t in kv.chunk(2, dim=-1))
         q, k = self.encoding.rotate(q, k, q_pos, k_pos)
         bias = self.encoding.bias(q, k, q_pos, k_pos)  # (B|1, H, N, Nk) or None
         mask = attention_mask(q_pos, k_pos, self.causal, key_mask)
