@@ -136,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--format", choices=["table", "json"], default="table")
     parser.add_argument("--shape", type=int, nargs=4, default=[8, 8, 1024, 64], metavar="B H N d")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--min-run-time", type=float, default=1.0, help="seconds per timing")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds; each row keeps its best")
+    parser.add_argument("--min-run-time", type=float, default=0.5, help="seconds per timing")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds; each row keeps its best")
     args = parser.parse_args(argv)
 
     if not args.seed_file.is_file():

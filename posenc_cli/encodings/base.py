@@ -11,6 +11,9 @@ An encoding overrides only the hooks it needs; the defaults do nothing:
 - ``value(attn, q_pos, k_pos)``: a value-side term ``(B, H, Nq, d)`` added to ``attn @ v``
   (Shaw's a^V). An encoding with a value term needs the attention weights, so the attention module
   takes its manual path for it.
+- ``window_bias`` / ``window_value``: the same two terms for local k x k window attention on an
+  image grid, where every patch query sees the same ``K = k*k`` slots, each at a fixed 2D offset.
+  Only 2D encodings with a bias or value term implement them; the defaults say "no term".
 
 Positions are integer tensors: ``(N,)`` for sequences, ``(N, 2)`` (row, col) for image grids in
 row-major order, where prefix tokens (class, distillation) come first and carry ``(-1, -1)``
@@ -74,6 +77,18 @@ class PositionEncoding(nn.Module):
         return None
 
     def value(self, attn: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        return None
+
+    def window_bias(self, q: Tensor, k_window: Tensor, offsets: Tensor) -> Tensor | None:
+        """Logit term for window attention: ``q`` ``(B, H, Nq, d)`` patch queries, ``k_window``
+        ``(B, H, Nq, K, d)`` the keys in each query's window, ``offsets`` ``(K, 2)`` the
+        (row, col) of the query minus that of the key for every slot (iRPE's and Swin's sign).
+        Returns ``(B|1, H, Nq|1, K)`` or None. Slots that fall off the grid are masked by the
+        caller, so their value does not matter."""
+        return None
+
+    def window_value(self, attn: Tensor, offsets: Tensor) -> Tensor | None:
+        """Value term for window attention: ``attn`` ``(B, H, Nq, K)`` -> ``(B, H, Nq, d)``."""
         return None
 
 
