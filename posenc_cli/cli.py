@@ -148,6 +148,118 @@ def viz_bias(
         console.print(f"wrote {out}")
 
 
+@app.command("viz-buckets")
+def viz_buckets(
+    encoding: Annotated[str, typer.Argument(help="t5, shaw, deberta (1D); irpe, swin (2D).")],
+    params: Annotated[
+        list[str] | None, typer.Argument(help="Encoding parameters as KEY=VALUE.")
+    ] = None,
+    length: Annotated[int, typer.Option("--length", help="1D: number of positions N.")] = 64,
+    grid: Annotated[str, typer.Option("--grid", help="2D: HEIGHTxWIDTH patches.")] = "14x14",
+    query: Annotated[
+        str | None, typer.Option("--query", help="2D: ROW,COL of the query (default: centre).")
+    ] = None,
+    all_methods: Annotated[
+        bool, typer.Option("--all-methods", help="iRPE: euclidean, quant, cross, product.")
+    ] = False,
+    out: Annotated[Path | None, typer.Option("--out", help="PNG file to write.")] = None,
+    format: Annotated[Format, typer.Option("--format", help="table or json")] = Format.table,
+) -> None:
+    """Show which bucket every relative position falls in.
+
+    1D encodings: bucket id against relative position (key - query) and the N x N map.
+    2D encodings: the bucket of every key patch for one query patch.
+
+    Example: posenc viz-buckets irpe --grid 14x14 --all-methods --out irpe.png
+    """
+    from posenc_cli import bucket_maps as bm
+    from posenc_cli.encodings import build_encoding, encoding_class
+    from posenc_cli.params import parse_assignments
+
+    if length < 1:
+        raise UsageError(f"--length must be at least 1, got {length}")
+    if out is not None and out.suffix.lower() != ".png":
+        raise UsageError(f"--out {out}: give a file name ending in .png")
+    user = parse_assignments(params or [])
+    two_d = encoding_class(encoding).dims == 2
+    if all_methods and encoding != "irpe":
+        raise UsageError("--all-methods compares iRPE's methods; use it with irpe")
+    if all_methods and "method" in user:
+        raise UsageError("--all-methods draws every method; drop method=... or --all-methods")
+    variants = (
+        [{**user, "method": m} for m in ("euclidean", "quant", "cross", "product")]
+        if all_methods
+        else [user]
+    )
+    maps = []
+    for variant in variants:
+        enc = build_encoding(encoding, dim=64, heads=1, head_dim=64, **variant)
+        name = variant.get("method", encoding) if all_methods else encoding
+        if two_d:
+            height, width = bm.parse_grid(grid)
+            where = bm.parse_query(query, height, width)
+            maps += bm.grid_buckets(enc, height, width, where, name)
+        else:
+            maps.append(bm.sequence_buckets(enc, length, name))
+    settings = ", ".join(f"{k}={v}" for k, v in user.items())
+    shape = f"grid {grid}" if two_d else f"N={length}"
+    title = f"{encoding}({settings})  {shape}"
+    if out is not None:
+        from posenc_cli.plots import save_bucket_maps
+
+        save_bucket_maps(maps, title, out)
+    if format is Format.json:
+        payload = {
+            "encoding": encoding,
+            "params": user,
+            "maps": [
+                {
+                    "title": m.title,
+                    "num_buckets": m.count,
+                    "used": m.used,
+                    "ids": m.ids.tolist(),
+                    **({"query": list(m.query)} if m.query else {"relative_from": -(length - 1)}),
+                }
+                for m in maps
+            ],
+            "png": str(out) if out else None,
+        }
+        print(json.dumps(payload))
+        return
+    for m in maps:
+        console.print(render_buckets(m))
+    if out is not None:
+        console.print(f"wrote {out}")
+
+
+def render_buckets(m) -> Table:
+    """A terminal picture: 2D ids on the grid with the query highlighted; 1D runs of equal ids."""
+    title = f"{m.title}: {m.count} buckets, {m.used} used"
+    if m.query is not None:
+        height, width = m.ids.shape
+        table = Table(title=title, show_header=False, box=None, padding=(0, 0))
+        for _ in range(width):
+            table.add_column(justify="right", width=4)
+        for r in range(height):
+            cells = [
+                f"[bold reverse red]{int(v):>3}[/]" if (r, c) == m.query else f"{int(v):>3}"
+                for c, v in enumerate(m.ids[r])
+            ]
+            table.add_row(*cells)
+        return table
+    table = Table(title=title)
+    table.add_column("relative positions (key - query)")
+    table.add_column("bucket", justify="right")
+    n = (len(m.ids) + 1) // 2
+    start = 0
+    for i in range(1, len(m.ids) + 1):
+        if i == len(m.ids) or m.ids[i] != m.ids[start]:
+            lo, hi = start - (n - 1), i - 1 - (n - 1)
+            table.add_row(str(lo) if lo == hi else f"{lo} .. {hi}", str(int(m.ids[start])))
+            start = i
+    return table
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: a user error becomes one line on stderr and exit status 2.
 

@@ -8,8 +8,11 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; no screen on CI
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
 
 from posenc_cli.bias_maps import BiasMap  # noqa: E402
+from posenc_cli.bucket_maps import BucketMap  # noqa: E402
 
 
 def save_bias_maps(maps: list[BiasMap], title: str, out: Path, max_heads: int = 8) -> Path:
@@ -34,6 +37,57 @@ def save_bias_maps(maps: list[BiasMap], title: str, out: Path, max_heads: int = 
             fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04).ax.tick_params(labelsize=6)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
+    return _save(fig, out)
+
+
+def _bucket_colormap(count: int):
+    # qualitative colours tell neighbouring buckets apart while there are few of them
+    return plt.get_cmap("tab20", count) if count <= 20 else plt.get_cmap("viridis")
+
+
+def save_bucket_maps(maps: list[BucketMap], title: str, out: Path) -> Path:
+    """1D: bucket against relative position above the N x N map. 2D: one grid per map, ids in
+    the cells of small grids, the query patch outlined."""
+    two_d = maps[0].query is not None
+    cols = len(maps)
+    rows = 1 if two_d else 2
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols + 0.6, 4.0 * rows), squeeze=False)
+    for c, bucket_map in enumerate(maps):
+        cmap = _bucket_colormap(bucket_map.count)
+        label = f"{bucket_map.title}\n{bucket_map.count} buckets, {bucket_map.used} used here"
+        if two_d:
+            ax = axes[0][c]
+            ids = bucket_map.ids.numpy()
+            image = ax.imshow(ids, cmap=cmap, vmin=0, vmax=bucket_map.count - 1)
+            if ids.size <= 400:
+                for (r, k), value in np.ndenumerate(ids):
+                    ax.text(k, r, str(value), ha="center", va="center", fontsize=6.5)
+            row, col = bucket_map.query
+            ax.add_patch(Rectangle((col - 0.5, row - 0.5), 1, 1, fill=False, lw=2.2, ec="red"))
+            ax.set_title(f"{label}\nquery patch ({row}, {col}) in red", fontsize=8)
+            ax.set_xlabel("key column", fontsize=7)
+            ax.set_ylabel("key row", fontsize=7)
+            fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+            continue
+        n = (len(bucket_map.ids) + 1) // 2
+        relative = np.arange(-(n - 1), n)
+        ax = axes[0][c]
+        ax.step(relative, bucket_map.ids.numpy(), where="mid", color="tab:blue")
+        ax.set_title(label, fontsize=8)
+        ax.set_xlabel("relative position (key - query)", fontsize=7)
+        ax.set_ylabel("bucket id", fontsize=7)
+        ax.grid(alpha=0.3)
+        ax = axes[1][c]
+        image = ax.imshow(bucket_map.full.numpy(), cmap=cmap, vmin=0, vmax=bucket_map.count - 1)
+        ax.set_xlabel("key j", fontsize=7)
+        ax.set_ylabel("query i", fontsize=7)
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return _save(fig, out)
+
+
+def _save(fig, out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp.png")
     fig.savefig(tmp, dpi=110)

@@ -76,6 +76,10 @@ class SwinBias(PositionEncoding):
     def extra_repr(self) -> str:
         return f"grid={self.height}x{self.width}"
 
+    def buckets(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, int]:
+        entries = (2 * self.height - 1) * (2 * self.width - 1) + 1  # the last: prefix pairs
+        return swin_index(q_pos, k_pos, self.height, self.width), entries
+
     def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         if k_pos.dim() != 2:
             raise UsageError("swin: needs (row, col) grid positions; use t5 or alibi for sequences")
@@ -88,3 +92,14 @@ class SwinBias(PositionEncoding):
         index = swin_index(q_pos, k_pos, self.height, self.width)  # (Nq, Nk)
         entries = torch.cat([self.table, self.prefix_bias[None]])  # (entries + 1, heads)
         return entries[index].permute(2, 0, 1)[None]  # (1, heads, Nq, Nk)
+
+    def window_bias(self, q: Tensor, k_window: Tensor, offsets: Tensor) -> Tensor:
+        reach = int(offsets.abs().max())
+        if reach >= min(self.height, self.width):
+            raise UsageError(
+                f"swin: a window reaching {reach} patches needs a table with height and width "
+                f"> {reach}, got height={self.height}, width={self.width}"
+            )
+        rows, cols = offsets[:, 0] + self.height - 1, offsets[:, 1] + self.width - 1
+        index = rows * (2 * self.width - 1) + cols  # (K,)
+        return self.table[index].T[None, :, None, :]  # (1, heads, 1, K)

@@ -6,6 +6,9 @@ Paths:
 - manual: softmax(q k^T * scale + bias) computed explicitly, because a value-side term
   (Shaw's a^V) needs the attention weights.
 
+- window: with ``window=k`` on an image grid, each patch attends to its k x k neighbourhood and
+  the prefix tokens (``models/window.py``), O(N k^2 d) instead of O(N^2 d).
+
 Keys may be longer than queries: ``memory`` (the previous segment's hidden states, as in
 Transformer-XL) is prepended to the keys and values, and the queries are the last positions.
 """
@@ -18,7 +21,9 @@ from torch import Tensor, nn
 
 from posenc_cli.encodings.absolute import NoPosition
 from posenc_cli.encodings.base import PositionEncoding
+from posenc_cli.errors import UsageError
 from posenc_cli.models.biased_sdpa import biased_attention
+from posenc_cli.models.window import window_attention
 
 
 def attention_mask(
@@ -45,10 +50,14 @@ class Attention(nn.Module):
         causal: bool = False,
         dropout: float = 0.0,
         qkv_bias: bool = True,
+        window: int | None = None,
     ) -> None:
         super().__init__()
         if dim % heads:
             raise ValueError(f"dim {dim} is not divisible by heads {heads}")
+        if window is not None and (window < 1 or window % 2 == 0):
+            raise UsageError(f"window must be an odd number of patches >= 1, got {window}")
+        self.window = window
         self.heads = heads
         self.head_dim = dim // heads
         self.causal = causal
@@ -105,11 +114,19 @@ class Attention(nn.Module):
         q = self.split_heads(q)
         k, v = (self.split_heads(t) for t in kv.chunk(2, dim=-1))
         q, k = self.encoding.rotate(q, k, q_pos, k_pos)
+        scale = self.encoding.logit_scale()
+        if self.window is not None:
+            if memory is not None or key_mask is not None or k_pos.dim() != 2:
+                raise UsageError(
+                    "window attention needs an image grid (positions=grid_positions(...)) "
+                    "and takes no memory or key mask"
+                )
+            out = window_attention(q, k, v, self.encoding, k_pos, self.window, scale)
+            return self.proj(out.transpose(1, 2).reshape(B, N, D))
+
         bias = self.encoding.bias(q, k, q_pos, k_pos)  # (B|1, H, N, Nk) or None
         mask = attention_mask(q_pos, k_pos, self.causal, key_mask)
-        scale = self.encoding.logit_scale()
         drop = self.dropout if self.training else 0.0
-
         if self.encoding.uses_value:
             out = self.manual(q, k, v, bias, mask, scale, drop, q_pos, k_pos)
         else:

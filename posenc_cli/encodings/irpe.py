@@ -1,0 +1,356 @@
+"""iRPE: image relative position encoding on queries, keys and values.
+
+Wu, Peng, Chen, Fu, Chao 2021, "Rethinking and Improving Relative Position Encoding for Vision
+Transformer" (ICCV). For one head of size d, with ``s = 1/sqrt(d)``, ``b(i, j)`` the bucket of
+the 2D offset ``p_i - p_j`` (query minus key) and ``r^Q, r^K, r^V`` learned tables:
+
+    e_ij = s q_i . k_j  +  s q_i . r^K[b(i, j)]  +  s k_j . r^Q[b(j, i)]     (contextual, Eq. 14)
+    e_ij = s q_i . k_j  +  r^K[b(i, j)]  +  r^Q[b(j, i)]                     (bias mode)
+    z_i  = sum_j a_ij v_j  +  sum_j a_ij r^V[b(i, j)]                         (values, Eq. 15)
+
+Each term is present only when its letter is in ``on``. The bucket functions (piecewise index,
+the euclidean / quant / cross / product methods, the shared prefix bucket) are the pure functions
+of ``irpe_index`` and are re-exported here.
+
+Conventions, checked against the official code, microsoft/Cream ``iRPE/DeiT-with-iRPE/irpe.py``
+and ``rpe_vision_transformer.py`` (``RPEAttention``):
+
+- Offsets are query minus key, ``(dr, dc)``, as the official ``diff = pos1 - pos2``. Keys and
+  values read ``b(i, j)``. The query term reads the transposed bucket ``b(j, i)`` (the offset key
+  minus query): the official code evaluates its transposed iRPE on the keys and transposes the
+  result (``rpe_q(k * scale).transpose(2, 3)``). For euclidean and quant ``b`` is symmetric; for
+  product and cross it is not, so this matters.
+- Scale: the official code multiplies q by ``1/sqrt(d)`` before both ``q k^T`` and the key term,
+  and passes ``k * scale`` to the query term, so both contextual terms are scaled like ``q . k``.
+  Bias-mode tables are added to the logits unscaled, and the value term is not scaled.
+- ``mode="bias"`` with ``v`` in ``on`` is a UsageError: the official code raises
+  NotImplementedError ("Bias non-transposed RPE does not exist"); a scalar per bucket added to
+  the output would not be a value embedding.
+- ``shared_head=True``: one table for all heads (the official builds the module with
+  ``num_heads=1``); False: one table per head.
+- Table layouts as the official ``lookup_table_weight`` / ``lookup_table_bias``: contextual q/k
+  ``(heads|1, d, nb)``, contextual v ``(heads|1, nb, d)``, bias ``(heads|1, nb)``. Cross has a rows
+  and a cols table per letter, whose two lookups are summed (the official ``iRPE_Cross``).
+- Initialisation: zeros, as the official default (``initializer=None`` leaves the zero tables):
+  at the first step the encoding adds nothing, and gradients still reach every table.
+- Prefix (class, distillation) tokens: every pair with a prefix token on either side reads one
+  shared extra bucket, id ``nb - 1``. Deviation: the official code allocates that bucket only when
+  its config says ``skip > 0``; here it always exists, so a model's parameters do not depend on
+  the data (on a grid without prefix tokens it is never read). A contextual product encoding on
+  keys with shared heads then has ``(7*7 + 1) * d`` parameters per layer at ratio 1.9, as the
+  official DeiT-Ti + iRPE (5.72M -> 5.76M over 12 layers).
+- Multi-scale buckets (``ratios``), from the source article, not in the official code: one index
+  function per ratio, each with its own tables; the terms of all scales are summed.
+- Positions are any ``(N, 2)`` grid positions (``grid_positions``; prefix tokens at ``(-1, -1)``),
+  also subsets (prefix queries against all keys, patch queries against prefix keys) and grids
+  that do not start at 0: ids depend on offsets only.
+- ``buckets()`` returns the first scale's ids, and for cross its row ids (the column ids are the
+  same function of the column offset).
+
+Efficiency (the official code builds an ``(N, N, d)`` value embedding; nothing here does):
+key term ``q @ r^K`` once per bucket ``(B, H, Nq, nb)``, then a gather by bucket id; query term
+``k @ r^Q`` gathered with the transposed ids; value term ``sum_per_bucket(a) @ r^V``. Bucket ids
+are looked up in an offset table ``bucket_table`` cached per grid span and device, and the pair
+ids of the last positions seen are cached per shape (checked by value, so a stale entry is never
+used). The cached ids are plain tensors, not buffers: they move with the positions' device.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from posenc_cli.encodings.base import PositionEncoding, gather_buckets, sum_per_bucket
+from posenc_cli.encodings.irpe_index import (
+    DEFAULT_RATIO,
+    METHODS,
+    Method,
+    bucket_ids,
+    bucket_table,
+    check_params,
+    num_buckets,
+    params_from_ratio,
+    piecewise_index,
+)
+from posenc_cli.errors import UsageError
+
+Mode = Literal["bias", "contextual"]
+On = Literal["k", "q", "v", "qk", "kv", "qv", "qkv"]
+ONS: tuple[str, ...] = ("k", "q", "v", "qk", "kv", "qv", "qkv")
+Params = tuple[float, float, float]  # (alpha, beta, gamma) of one index scale
+
+
+def index_scales(
+    ratio: float,
+    alpha: float | None,
+    beta: float | None,
+    gamma: float | None,
+    ratios: list[float] | None,
+) -> list[Params]:
+    """``(alpha, beta, gamma)`` of every index scale; UsageError on a bad combination."""
+    overrides = {"alpha": alpha, "beta": beta, "gamma": gamma}
+    if ratios is not None:
+        given = [k for k, v in overrides.items() if v is not None]
+        if given:
+            raise UsageError(
+                f"irpe: {', '.join(given)} override a single ratio; with ratios set, leave "
+                f"alpha/beta/gamma unset (each ratio r gives r : 2r : 8r)"
+            )
+        if ratio != DEFAULT_RATIO:
+            raise UsageError(
+                f"irpe: set either ratio ({ratio}) or ratios ({ratios}), not both; "
+                f"put every scale in ratios"
+            )
+        if not ratios:
+            raise UsageError("irpe: ratios is empty; give at least one, e.g. ratios=[1.9, 3.8]")
+        scales = [params_from_ratio(r) for r in ratios]
+    else:
+        base = dict(zip(("alpha", "beta", "gamma"), params_from_ratio(ratio), strict=True))
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        scales = [(base["alpha"], base["beta"], base["gamma"])]
+    for params in scales:
+        check_params(*params)
+    return scales
+
+
+def grid_reach(*positions: Tensor) -> tuple[int, int]:
+    """Largest row and column distance between any two grid tokens of ``positions``."""
+    coords = torch.cat(positions)  # (n, 2)
+    coords = coords[coords[:, 0] >= 0]
+    if len(coords) == 0:
+        return 0, 0
+    span = coords.max(dim=0).values - coords.min(dim=0).values  # (2,)
+    return int(span[0]), int(span[1])
+
+
+def lookup_offsets(table: Tensor, offsets: Tensor) -> Tensor:
+    """Bucket id of every ``(..., 2)`` offset, read from a ``bucket_table`` ``(2h-1, 2w-1)``."""
+    h, w = (table.shape[0] + 1) // 2, (table.shape[1] + 1) // 2
+    return table[offsets[..., 0] + h - 1, offsets[..., 1] + w - 1]
+
+
+def pair_ids(table: Tensor, q_pos: Tensor, k_pos: Tensor, prefix_id: int) -> Tensor:
+    """Bucket id of every (query, key) pair, ``(Nq, Nk)``: the offset ``q - k`` looked up in
+    ``table``, and ``prefix_id`` wherever either token is a prefix token."""
+    offsets = q_pos[:, None, :] - k_pos[None, :, :]  # (Nq, Nk, 2), query minus key
+    prefix = (q_pos[:, None, 0] < 0) | (k_pos[None, :, 0] < 0)  # (Nq, Nk)
+    offsets = offsets.masked_fill(prefix[..., None], 0)  # keep prefix pairs inside the table
+    return lookup_offsets(table, offsets).masked_fill(prefix, prefix_id)
+
+
+class ImageRPE(PositionEncoding):
+    """iRPE: 2D relative position terms on queries, keys and/or values (bias or contextual)."""
+
+    family = "relative"
+    dims = 2
+    per_layer = True
+    has_value_term = True  # switched per instance by ``on``
+
+    def __init__(
+        self,
+        *,
+        method: Method = "product",
+        mode: Mode = "contextual",
+        on: On = "k",
+        shared_head: bool = True,
+        ratio: float = DEFAULT_RATIO,
+        alpha: float | None = None,
+        beta: float | None = None,
+        gamma: float | None = None,
+        ratios: list[float] | None = None,
+        heads: int = 8,
+        head_dim: int = 64,
+        causal: bool = False,
+    ) -> None:
+        super().__init__(heads=heads, head_dim=head_dim, causal=causal)
+        if method not in METHODS:
+            raise UsageError(f"irpe.method must be one of {', '.join(METHODS)}, got {method!r}")
+        if mode not in ("bias", "contextual"):
+            raise UsageError(f"irpe.mode must be 'bias' or 'contextual', got {mode!r}")
+        if on not in ONS:
+            raise UsageError(f"irpe.on must be one of {', '.join(ONS)}, got {on!r}")
+        if mode == "bias" and "v" in on:
+            raise UsageError(
+                f"irpe: mode='bias' has no value term (on={on!r}; the official code has none "
+                f"either); set mode='contextual' or drop 'v' from on"
+            )
+        self.method, self.mode, self.on, self.shared_head = method, mode, on, shared_head
+        self.scales = index_scales(ratio, alpha, beta, gamma, ratios)
+        # one bucket count per scale, the prefix bucket included (its id is count - 1)
+        self.counts = [num_buckets(method, beta, prefix_tokens=1) for _, beta, _ in self.scales]
+        self.maps = ("rows", "cols") if method == "cross" else ("",)
+        self.tables = nn.ParameterDict()
+        table_heads = 1 if shared_head else heads
+        for letter in "qkv":
+            if letter not in on:
+                continue
+            for s, count in enumerate(self.counts):
+                for m in self.maps:
+                    if mode == "bias":
+                        shape: tuple[int, ...] = (table_heads, count)
+                    elif letter == "v":
+                        shape = (table_heads, count, head_dim)
+                    else:
+                        shape = (table_heads, head_dim, count)
+                    self.tables[self.table_name(letter, s, m)] = nn.Parameter(torch.zeros(shape))
+        self._offset_tables: dict[tuple, tuple[Tensor, ...]] = {}
+        self._pair_cache: dict[tuple, tuple[Tensor, Tensor, list[Tensor]]] = {}
+        self._slot_cache: dict[tuple, tuple[Tensor, list[Tensor]]] = {}
+
+    def table_name(self, letter: str, scale: int, map_name: str) -> str:
+        """``k``, ``k_rows`` (cross), ``k_1`` (second scale), ``k_rows_1`` ..."""
+        name = letter + (f"_{map_name}" if map_name else "")
+        return name + (f"_{scale}" if len(self.scales) > 1 else "")
+
+    @property
+    def uses_value(self) -> bool:
+        return "v" in self.on
+
+    def extra_repr(self) -> str:
+        ratios = ", ".join(f"{a:g}:{b:g}:{g:g}" for a, b, g in self.scales)
+        return (
+            f"method={self.method}, mode={self.mode}, on={self.on}, "
+            f"shared_head={self.shared_head}, alpha:beta:gamma={ratios}, buckets={self.counts}"
+        )
+
+    # --- bucket ids ---------------------------------------------------------------------------
+
+    def _tables_for(self, reach: tuple[int, int], device: torch.device) -> list[Tensor]:
+        """Offset -> id tables of every (scale, map), covering offsets up to ``reach``."""
+        key = (reach, device)
+        if key not in self._offset_tables:
+            tables: list[Tensor] = []
+            for params in self.scales:
+                made = bucket_table(self.method, reach[0] + 1, reach[1] + 1, *params)
+                tables.extend(made if isinstance(made, tuple) else (made,))
+            self._offset_tables[key] = tuple(t.to(device) for t in tables)
+        return list(self._offset_tables[key])
+
+    def pair_bucket_ids(self, q_pos: Tensor, k_pos: Tensor) -> list[Tensor]:
+        """``(Nq, Nk)`` ids of every (scale, map), in ``self.tables`` order per letter."""
+        if q_pos.dim() != 2 or k_pos.dim() != 2 or q_pos.shape[-1] != 2:
+            raise UsageError(
+                "irpe: needs (row, col) grid positions (positions=grid_positions(h, w, prefix)); "
+                "for sequences use shaw or t5"
+            )
+        key = (tuple(q_pos.shape), tuple(k_pos.shape), q_pos.dtype, q_pos.device)
+        hit = self._pair_cache.get(key)
+        if hit is not None and torch.equal(hit[0], q_pos) and torch.equal(hit[1], k_pos):
+            return hit[2]
+        tables = self._tables_for(grid_reach(q_pos, k_pos), q_pos.device)
+        counts = [c for c in self.counts for _ in self.maps]  # per (scale, map)
+        ids = [pair_ids(t, q_pos, k_pos, c - 1) for t, c in zip(tables, counts, strict=True)]
+        self._pair_cache[key] = (q_pos.clone(), k_pos.clone(), ids)
+        return ids
+
+    def slot_bucket_ids(self, offsets: Tensor) -> list[Tensor]:
+        """``(K,)`` ids of every (scale, map) for window slots at ``offsets`` ``(K, 2)``."""
+        key = (tuple(offsets.shape), offsets.dtype, offsets.device)
+        hit = self._slot_cache.get(key)
+        if hit is not None and torch.equal(hit[0], offsets):
+            return hit[1]
+        reach = offsets.abs().max(dim=0).values if len(offsets) else torch.zeros(2)
+        tables = self._tables_for((int(reach[0]), int(reach[1])), offsets.device)
+        ids = [lookup_offsets(t, offsets) for t in tables]
+        self._slot_cache[key] = (offsets.clone(), ids)
+        return ids
+
+    def buckets(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, int]:
+        return self.pair_bucket_ids(q_pos, k_pos)[0], self.counts[0]
+
+    def _letter_tables(self, letter: str) -> list[Tensor]:
+        names = [self.table_name(letter, s, m) for s in range(len(self.scales)) for m in self.maps]
+        return [self.tables[n] for n in names]
+
+    def _per_bucket(self, x: Tensor, table: Tensor) -> Tensor:
+        """``x . r_b`` for every bucket: ``(B, H, N, d)`` by ``(H|1, d, nb)`` -> ``(B, H, N, nb)``,
+        already scaled by ``1/sqrt(d)`` (the official scales q, or k, before this product)."""
+        weight = table[0] if table.shape[0] == 1 else table  # (d, nb): one GEMM for all heads
+        return x @ (weight * self.logit_scale())
+
+    # --- hooks --------------------------------------------------------------------------------
+
+    def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        terms: list[Tensor] = []
+        if "k" in self.on:
+            ids = self.pair_bucket_ids(q_pos, k_pos)  # [(Nq, Nk)]
+            for table, idx in zip(self._letter_tables("k"), ids, strict=True):
+                if self.mode == "bias":
+                    terms.append(table[:, idx][None])  # (1, H|1, Nq, Nk)
+                else:
+                    terms.append(gather_buckets(self._per_bucket(q, table), idx))  # (B, H, Nq, Nk)
+        if "q" in self.on:
+            ids_t = self.pair_bucket_ids(k_pos, q_pos)  # [(Nk, Nq)]: b(j, i), key minus query
+            for table, idx in zip(self._letter_tables("q"), ids_t, strict=True):
+                if self.mode == "bias":
+                    terms.append(table[:, idx.T][None])  # (1, H|1, Nq, Nk)
+                else:
+                    per_key = gather_buckets(self._per_bucket(k, table), idx)  # (B, H, Nk, Nq)
+                    terms.append(per_key.transpose(-2, -1))
+        if not terms:
+            return None
+        total = terms[0]
+        for term in terms[1:]:
+            total = total + term
+        return total
+
+    def value(self, attn: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        if "v" not in self.on:
+            return None
+        ids = self.pair_bucket_ids(q_pos, k_pos)
+        out = None
+        for table, idx in zip(self._letter_tables("v"), ids, strict=True):
+            weight = sum_per_bucket(attn, idx, table.shape[-2])  # (B, H, Nq, nb)
+            term = weight @ (table[0] if table.shape[0] == 1 else table)  # (B, H, Nq, d)
+            out = term if out is None else out + term
+        return out
+
+    def window_bias(self, q: Tensor, k_window: Tensor, offsets: Tensor) -> Tensor | None:
+        terms: list[Tensor] = []
+        if "k" in self.on:
+            ids = self.slot_bucket_ids(offsets)  # [(K,)]
+            for table, idx in zip(self._letter_tables("k"), ids, strict=True):
+                if self.mode == "bias":
+                    terms.append(table[:, idx][None, :, None])  # (1, H|1, 1, K)
+                else:
+                    per_bucket = self._per_bucket(q, table)  # (B, H, Nq, nb)
+                    terms.append(per_bucket.index_select(-1, idx))  # (B, H, Nq, K)
+        if "q" in self.on:
+            ids_t = self.slot_bucket_ids(-offsets)  # key minus query
+            for table, idx in zip(self._letter_tables("q"), ids_t, strict=True):
+                if self.mode == "bias":
+                    terms.append(table[:, idx][None, :, None])  # (1, H|1, 1, K)
+                else:
+                    slots = table[:, :, idx].transpose(-2, -1) * self.logit_scale()  # (H|1, K, d)
+                    terms.append((k_window * slots[None, :, None]).sum(-1))  # (B, H, Nq, K)
+        if not terms:
+            return None
+        total = terms[0]
+        for term in terms[1:]:
+            total = total + term
+        return total
+
+    def window_value(self, attn: Tensor, offsets: Tensor) -> Tensor | None:
+        if "v" not in self.on:
+            return None
+        out = None
+        for table, idx in zip(self._letter_tables("v"), self.slot_bucket_ids(offsets), strict=True):
+            slots = table[:, idx]  # (H|1, K, d)
+            term = attn @ (slots[0] if slots.shape[0] == 1 else slots)  # (B, H, Nq, d)
+            out = term if out is None else out + term
+        return out
+
+
+__all__ = [
+    "ImageRPE",
+    "bucket_ids",
+    "bucket_table",
+    "grid_reach",
+    "index_scales",
+    "lookup_offsets",
+    "num_buckets",
+    "pair_ids",
+    "piecewise_index",
+]
