@@ -94,3 +94,28 @@ def _save(fig, out: Path) -> Path:
     plt.close(fig)
     tmp.replace(out)  # never leave a half-written picture under the user's name
     return out
+
+
+def save_length_curves(
+    series: dict[str, tuple[list[int], list[float], list[float]]],
+    metric: str,
+    title: str,
+    out: Path,
+    trained: tuple[int, int] | None = None,
+) -> Path:
+    """Metric against evaluated length, one line per encoding, mean with a +-std band."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    for label, (lengths, means, stds) in series.items():
+        means_a, stds_a = np.asarray(means), np.asarray(stds)
+        ax.plot(lengths, means_a, marker="o", label=label)
+        ax.fill_between(lengths, means_a - stds_a, means_a + stds_a, alpha=0.15)
+    if trained is not None:
+        ax.axvspan(trained[0], trained[1], color="grey", alpha=0.12, label="trained lengths")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("length")
+    ax.set_ylabel(metric.replace("_", " "))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return _save(fig, out)

@@ -1,0 +1,113 @@
+"""Compare runs: mean and spread over seeds for every metric and every evaluated length.
+
+Runs are grouped by everything that is not the seed (encoding and the swept settings); each
+group's figures are the mean and sample standard deviation over its seeds. The best mean per
+column is marked. A sweep's output directory stands for all the runs below it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from posenc_cli.errors import UsageError
+
+METRICS = ("token_accuracy", "exact_match", "loss", "perplexity")
+LOWER_IS_BETTER = {"loss", "perplexity"}
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    runs: list[Path] = []
+    for path in paths:
+        if not path.exists():
+            raise UsageError(f"{path}: no such run or sweep directory")
+        found = (
+            [path]
+            if (path / "eval.json").is_file()
+            else sorted(p.parent for p in path.rglob("eval.json"))
+        )
+        if not found:
+            raise UsageError(
+                f"{path}: holds no evaluated run (no eval.json); run `posenc "
+                f"train` or `posenc evaluate` first"
+            )
+        runs += found
+    return runs
+
+
+def group_label(result: dict[str, Any], run_dir: Path) -> str:
+    """The encoding with its parameters, plus any other swept setting named in the run's
+    directory (a sweep names runs ``key=value,key=value``); the seed is what varies inside."""
+    params = ",".join(f"{k}={v}" for k, v in sorted(result.get("encoding_params", {}).items()))
+    label = result["encoding"] + (f"({params})" if params else "")
+    swept = [
+        part
+        for part in run_dir.name.split(",")
+        if "=" in part and not part.startswith(("seed=", "encoding."))
+    ]
+    return " ".join([label, *swept])
+
+
+def summarise(values: list[float]) -> dict[str, float]:
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "n": len(values),
+    }
+
+
+def compare(paths: list[Path]) -> dict[str, Any]:
+    """``{"groups": {label: {length: {metric: {mean, std, n}}}}, "best": {...}}``."""
+    by_group: dict[str, list[dict]] = defaultdict(list)
+    for run in find_runs(paths):
+        result = json.loads((run / "eval.json").read_text())
+        by_group[group_label(result, run)].append(result)
+    groups: dict[str, dict] = {}
+    lengths: set[str] = set()
+    for label, results in by_group.items():
+        table: dict[str, dict] = {}
+        for length in results[0]["lengths"]:
+            cells = [r["lengths"].get(length, {}) for r in results]
+            lengths.add(length)
+            if any("error" in c for c in cells):
+                table[length] = {"error": next(c["error"] for c in cells if "error" in c)}
+                continue
+            table[length] = {m: summarise([c[m] for c in cells]) for m in METRICS}
+        groups[label] = {"seeds": sorted(r["seed"] for r in results), "lengths": table}
+    ordered = sorted(lengths, key=int)
+    best: dict[str, dict[str, str]] = {}
+    for length in ordered:
+        best[length] = {}
+        for metric in METRICS:
+            scored = [
+                (g["lengths"][length][metric]["mean"], label)
+                for label, g in groups.items()
+                if length in g["lengths"] and metric in g["lengths"][length]
+            ]
+            if scored:
+                pick = min if metric in LOWER_IS_BETTER else max
+                best[length][metric] = pick(scored)[1]
+    return {"lengths": ordered, "groups": groups, "best": best}
+
+
+def cell(stats: dict, metric: str) -> str:
+    if "error" in stats:
+        return "n/a"
+    s = stats[metric]
+    return f"{s['mean']:.3f} ± {s['std']:.3f}" if s["n"] > 1 else f"{s['mean']:.3f}"
+
+
+def markdown(result: dict[str, Any], metric: str) -> str:
+    lengths = result["lengths"]
+    head = "| encoding | seeds | " + " | ".join(f"n={n}" for n in lengths) + " |"
+    lines = [head, "|" + "---|" * (len(lengths) + 2)]
+    for label, g in result["groups"].items():
+        cells = []
+        for n in lengths:
+            text = cell(g["lengths"].get(n, {"error": ""}), metric)
+            cells.append(f"**{text}**" if result["best"].get(n, {}).get(metric) == label else text)
+        lines.append(f"| {label} | {len(g['seeds'])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

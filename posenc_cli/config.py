@@ -1,0 +1,751 @@
+"""YAML recipes -> typed dataclasses: ``extends``, ``KEY=VALUE`` overrides, sweeps, one-line errors.
+
+A recipe is a YAML mapping with ``seed``, the sections ``model``, ``encoding``, ``data``,
+``train`` and ``eval``, an optional ``sweep`` grid and an optional ``extends``. Every value is
+converted by the declared type of its field (PyYAML reads ``3e-4`` as a string) and checked;
+any bad input raises a UsageError of one line: ``recipe NAME: KEY: problem and fix``.
+
+Rules (each pinned in tests/test_config.py):
+
+- Layers, first to last: the ``extends`` chain (the deepest base first), the file itself, the
+  ``KEY=VALUE`` overrides. Each layer merges into the sections key by key. ``extends`` is a path
+  relative to the file that names it, else a shipped recipe short name (``text/base``).
+- ``sweep`` merges key by key as well: ``sweep: null`` (or the override ``sweep=null``) removes
+  the whole grid, ``sweep.KEY: null`` one axis. A layer that sets a key fixes it: the key leaves
+  the grid inherited from earlier layers (``seed=3`` on a recipe that sweeps seeds runs seed 3).
+- Encoding parameters belong to the encoding named beside them. When a later layer (a recipe
+  that extends, an override, a sweep run) changes ``encoding.name``, the parameters set before
+  are kept only where the new encoding has a parameter of that name; the others are dropped and
+  ``Recipe.notes`` says so (``dump_recipe`` writes the notes as comments). Parameters written in
+  the same layer as the name are checked strictly. A swept encoding parameter applies to the
+  runs whose encoding has it; one that no run's encoding has is an error (a typo).
+  ``encoding.KEY: null`` removes a parameter, so its default applies.
+- ``data.corpus`` is relative to the file that sets it (to the working directory in an
+  override) and is stored as an absolute path, so a dumped recipe loads anywhere on the machine.
+- Loading validates every run of the sweep, including building each run's encoding once on the
+  CPU (under a forked RNG, so the caller's random state is untouched): a bad value fails before
+  any training starts.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import os
+import posixpath
+import re
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import yaml
+
+from posenc_cli.data import TASKS
+from posenc_cli.encodings import ENCODINGS, build_encoding, check_params, user_params
+from posenc_cli.errors import UsageError
+from posenc_cli.params import close_match, convert, parse_assignments
+
+if typing.TYPE_CHECKING:  # importlib.resources.abc is 3.11+; only the annotations need it
+    from importlib.resources.abc import Traversable
+
+
+def _causal(task: str) -> bool:
+    """LM tasks are causal decoders; classifiers (``kind == "classify"``) are bidirectional."""
+    return TASKS[task].kind == "lm"
+
+
+@dataclass
+class ModelConfig:
+    dim: int = 64  # model width
+    depth: int = 2  # blocks
+    heads: int = 4
+    mlp_ratio: float = 4.0
+    dropout: float = 0.0
+    mem_len: int = 0  # Transformer-XL segment memory length (LM only); 0 = none
+
+
+@dataclass
+class EncodingConfig:
+    name: str = "rope"  # registry name; 1D encodings only
+    params: dict[str, Any] = field(default_factory=dict)  # only the ones set; defaults elsewhere
+
+
+@dataclass
+class DataConfig:
+    task: str = "copy"  # a name of posenc_cli.data.TASKS
+    vocab: int = 16  # symbols for algorithmic tasks (ignored by text)
+    train_lengths: list[int] = field(default_factory=lambda: [5, 20])  # inclusive [min, max]
+    corpus: str | None = None  # text: a file or folder; None = the built-in stdlib corpus
+    val_fraction: float = 0.1  # text: held-out fraction (the tail of the corpus)
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000
+    batch_size: int = 32
+    lr: float = 3e-4
+    weight_decay: float = 0.01
+    warmup: int = 100  # linear warm-up steps, then cosine to 0
+    grad_clip: float = 1.0  # 0 = no clipping
+    eval_every: int = 200
+    eval_batches: int = 8
+    checkpoint_every: int = 200
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+@dataclass
+class EvalConfig:
+    lengths: list[int] = field(default_factory=lambda: [10, 20, 40])  # sizes / text contexts
+    batches: int = 8
+    shift: int = 0  # add K to every position (translation test)
+
+
+@dataclass
+class Recipe:
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    encoding: EncodingConfig = field(default_factory=EncodingConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    sweep: dict[str, list] | None = None  # dotted key -> values; runs = cartesian product
+    # provenance, not content: two recipes with the same settings are equal
+    source: str = field(default="", compare=False)  # the recipe as named by the user
+    notes: list[str] = field(default_factory=list, compare=False)  # dropped encoding params
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "train": TrainConfig,
+    "eval": EvalConfig,
+}
+TOP_KEYS = ("extends", "seed", "model", "encoding", "data", "train", "eval", "sweep")
+
+Tree = dict[str, Any]  # a recipe before conversion: {"seed": .., "model": {..}, ..., "sweep": ..}
+
+
+# ----------------------------------------------------------------------------- shipped recipes
+
+
+def recipes_root() -> Traversable:
+    """The shipped recipes: the package ``posenc_cli.recipes``, else ``recipes/`` of a checkout."""
+    try:
+        return resources.files("posenc_cli.recipes")
+    except ModuleNotFoundError:  # a checkout whose install does not map the package yet
+        return Path(__file__).resolve().parent.parent / "recipes"
+
+
+def shipped_recipes() -> dict[str, Traversable]:
+    """Short name (path without ``.yaml``, e.g. ``text/extrapolation``) -> file."""
+    found: dict[str, Traversable] = {}
+
+    def walk(folder: Traversable, prefix: str) -> None:
+        for child in sorted(folder.iterdir(), key=lambda c: c.name):
+            if child.is_dir() and not child.name.startswith(("_", ".")):
+                walk(child, f"{prefix}{child.name}/")
+            elif child.name.endswith(".yaml"):
+                found[prefix + child.name.removesuffix(".yaml")] = child
+
+    root = recipes_root()
+    if root.is_dir():
+        walk(root, "")
+    return found
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+class _Where:
+    """Builds the one-line errors: the recipe's name, the key, and where the key was set."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.origins: dict[str, str] = {}  # dotted key -> "set in text/base", ...
+
+    def error(self, key: str, problem: str, origin: str | None = None) -> UsageError:
+        """``origin`` None: where ``key`` was set, as recorded; "" for the recipe itself."""
+        origin = self.origins.get(key, "") if origin is None else origin
+        at = f" ({origin})" if origin else ""
+        return UsageError(_one_line(f"recipe {self.label}: {key}{at}: {problem}"))
+
+    def converted(self, value: Any, annotation: Any, key: str) -> Any:
+        """``convert`` with the message re-worded as ``recipe NAME: KEY: problem``."""
+        try:
+            return convert(value, annotation, key)
+        except UsageError as err:
+            raise self.error(key, str(err).removeprefix(f"{key}: ")) from None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.splitlines())
+
+
+def _valid(options: typing.Iterable[str]) -> str:
+    return ", ".join(options) or "none"
+
+
+# ----------------------------------------------------------------------------- reading files
+
+
+@dataclass(frozen=True)
+class _Source:
+    """A recipe file: shipped (by short name) or on disk."""
+
+    label: str  # what messages call it
+    shipped: str | None = None
+    path: Path | None = None
+
+    @property
+    def identity(self) -> str:
+        return f"shipped:{self.shipped}" if self.shipped else str(self.path.resolve())
+
+    def read_text(self) -> str:
+        if self.shipped:
+            return shipped_recipes()[self.shipped].read_text(encoding="utf-8")
+        return self.path.read_text(encoding="utf-8")
+
+
+def _short(ref: str) -> str:
+    return ref.removesuffix(".yaml")
+
+
+def _find_recipe(ref: str) -> _Source:
+    """A path if that file exists, else a shipped short name."""
+    if Path(ref).is_file():
+        return _Source(label=ref, path=Path(ref))
+    shipped = shipped_recipes()
+    if _short(ref) in shipped:
+        return _Source(label=_short(ref), shipped=_short(ref))
+    raise UsageError(
+        f"recipe {ref}: no such file or shipped recipe{close_match(_short(ref), shipped)}; "
+        f"shipped: {_valid(shipped)}"
+    )
+
+
+def _find_parent(ref: Any, child: _Source, where: _Where, origin: str) -> _Source:
+    """``extends: REF`` of ``child``: a path relative to it, else a shipped short name."""
+    if not isinstance(ref, str) or not ref:
+        problem = f"expected a file or shipped recipe name, got {ref!r}"
+        raise where.error("extends", problem, origin)
+    shipped = shipped_recipes()
+    if child.path is not None:
+        candidate = child.path.parent / Path(ref).expanduser()
+        if candidate.is_file():
+            return _Source(label=os.path.normpath(candidate), path=candidate)
+    else:  # relative to a shipped recipe means a sibling in the shipped tree
+        sibling = _short(posixpath.normpath(posixpath.join(posixpath.dirname(child.shipped), ref)))
+        if sibling in shipped:
+            return _Source(label=sibling, shipped=sibling)
+    if _short(ref) in shipped:
+        return _Source(label=_short(ref), shipped=_short(ref))
+    raise where.error(
+        "extends",
+        f"{ref!r} is neither a file next to {child.label} nor a shipped recipe"
+        f"{close_match(_short(ref), shipped)}; shipped: {_valid(shipped)}",
+        origin,
+    )
+
+
+def _parse_yaml(source: _Source, where: _Where) -> Any:
+    at = "" if source.label == where.label else f"{source.label} "
+    try:
+        text = source.read_text()
+    except OSError as err:
+        raise UsageError(f"recipe {where.label}: {at}cannot be read: {err.strerror}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        line = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = err.problem or err.context or "invalid YAML"
+        raise UsageError(
+            _one_line(
+                f"recipe {where.label}: {at}{line}YAML syntax error ({problem}); "
+                "fix the indentation or quoting there"
+            )
+        ) from None
+    except yaml.YAMLError as err:
+        raise UsageError(_one_line(f"recipe {where.label}: {at}YAML error ({err})")) from None
+
+
+def _chain(source: _Source, where: _Where, seen: tuple[_Source, ...] = ()) -> list[tuple]:
+    """``[(origin, layer), ...]`` with the deepest ``extends`` first; a cycle is an error."""
+    if source.identity in (s.identity for s in seen):
+        loop = " -> ".join(s.label for s in (*seen, source))
+        raise UsageError(
+            f"recipe {where.label}: extends: cycle {loop}; remove one of these extends"
+        )
+    origin = "" if source.label == where.label else f"set in {source.label}"
+    layer = _check_layer(_parse_yaml(source, where), origin, where)
+    base = source.path.parent if source.path is not None else Path.cwd()
+    _absolute_corpus(layer, base)
+    if "extends" not in layer:
+        return [(origin, layer)]
+    parent = _find_parent(layer.pop("extends"), source, where, origin)
+    return [*_chain(parent, where, (*seen, source)), (origin, layer)]
+
+
+def _absolute_corpus(layer: Tree, base: Path) -> None:
+    data = layer.get("data") or {}
+    corpus = data.get("corpus")
+    if isinstance(corpus, str) and corpus:
+        data["corpus"] = os.path.abspath(base / Path(corpus).expanduser())
+
+
+# ----------------------------------------------------------------------------- layers and keys
+
+
+def _check_layer(raw: Any, origin: str, where: _Where) -> Tree:
+    """Check a layer's keys (not its values) and give each section as a dict."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise UsageError(
+            f"recipe {where.label}: expected a mapping of {', '.join(TOP_KEYS)}, "
+            f"got {type(raw).__name__}"
+        )
+    layer: Tree = {}
+    for key, value in raw.items():
+        key = str(key)
+        if key not in TOP_KEYS:
+            hint = close_match(key, TOP_KEYS)
+            raise where.error(key, f"unknown key{hint}; valid: {_valid(TOP_KEYS)}", origin)
+        if key in SECTIONS or key == "encoding":
+            value = {} if value is None else value
+            if not isinstance(value, dict):
+                raise where.error(
+                    key, f"expected a mapping of {key} settings, got {value!r}", origin
+                )
+            value = {str(k): v for k, v in value.items()}
+            for sub in value:
+                _check_key(f"{key}.{sub}", where, origin)
+        elif key == "sweep" and value is not None:
+            if not isinstance(value, dict):
+                raise where.error(
+                    key, f"expected a mapping of KEY: [values], got {value!r}", origin
+                )
+            value = {str(k): v for k, v in value.items()}
+            for sub in value:
+                if sub.partition(".")[0] in ("sweep", "extends"):
+                    raise where.error(f"sweep.{sub}", f"{sub} cannot be swept", origin)
+                _check_key(sub, where, origin, f"sweep.{sub}")
+        layer[key] = value
+    return layer
+
+
+def _check_key(dotted: str, where: _Where, origin: str, name: str | None = None) -> None:
+    """``dotted`` names a setting (``seed``, ``model.dim``, ``encoding.ANY``); else an error."""
+    name = name or dotted
+    section, _, rest = dotted.partition(".")
+    if section == "seed" and not rest:
+        return
+    if section == "encoding" and rest and "." not in rest:
+        return  # encoding parameters are checked against the final encoding name
+    if section in SECTIONS and rest:
+        fields = [f.name for f in dataclasses.fields(SECTIONS[section])]
+        if rest not in fields:
+            hint = close_match(rest, fields)
+            raise where.error(name, f"unknown key{hint}; valid: {_valid(fields)}", origin)
+        return
+    if section in SECTIONS or section == "encoding":
+        example = f"{section}.{_example(section)}"
+        raise where.error(name, f"expected {section}.KEY, for example {example}", origin)
+    keys = ["seed", *SECTIONS, "encoding"]
+    raise where.error(
+        name, f"unknown key{close_match(section, keys)}; valid: {_valid(keys)}", origin
+    )
+
+
+def _example(section: str) -> str:
+    return "name" if section == "encoding" else dataclasses.fields(SECTIONS[section])[0].name
+
+
+def _flat_keys(layer: Tree) -> list[str]:
+    """The dotted keys a layer sets, sweep excluded."""
+    keys = []
+    for key, value in layer.items():
+        if key == "seed":
+            keys.append(key)
+        elif key in SECTIONS or key == "encoding":
+            keys.extend(f"{key}.{sub}" for sub in value)
+    return keys
+
+
+def _assignments_layer(assignments: dict[str, Any]) -> Tree:
+    """``{"train.lr": x, "sweep.seed": [..]}`` -> a nested layer (keys already checked)."""
+    layer: Tree = {}
+    for key, value in assignments.items():
+        top, _, rest = key.partition(".")
+        if not rest:
+            layer[top] = value
+        elif top == "sweep":
+            if not isinstance(layer.get("sweep"), dict):
+                layer["sweep"] = {}
+            layer["sweep"][rest] = value
+        else:
+            layer.setdefault(top, {})[rest] = value
+    return layer
+
+
+def _merge(tree: Tree, layer: Tree, origin: str, where: _Where, notes: list[str]) -> None:
+    """Merge one layer into ``tree`` by the rules in the module docstring."""
+    fixed = _flat_keys(layer)
+    if tree.get("sweep"):
+        for key in fixed:  # a later layer fixes the key: it leaves the inherited grid
+            tree["sweep"].pop(key, None)
+    for key in fixed:
+        where.origins[key] = origin  # "" (the recipe itself) is removed below
+    for key, value in layer.items():
+        if key == "seed":
+            tree["seed"] = value
+        elif key == "encoding":
+            _merge_encoding(tree["encoding"], value, where, notes)
+        elif key in SECTIONS:
+            tree[key].update(value)
+        elif key == "sweep":
+            if value is None:
+                tree["sweep"] = None
+                continue
+            grid = dict(tree.get("sweep") or {})
+            for axis, values in value.items():
+                where.origins[f"sweep.{axis}"] = origin
+                if values is None:
+                    grid.pop(axis, None)
+                else:
+                    grid[axis] = values
+            tree["sweep"] = grid
+    for key in [k for k, v in where.origins.items() if not v]:
+        where.origins.pop(key)
+
+
+def _merge_encoding(
+    current: dict[str, Any], layer: dict[str, Any], where: _Where, notes: list[str]
+) -> None:
+    """A new name drops the inherited parameters it has no use for; see the module docstring."""
+    new = layer.get("name")
+    if "name" in layer and new != current.get("name", EncodingConfig.name):
+        keep = set(user_params(new)) if isinstance(new, str) and new in ENCODINGS else set()
+        keep |= set(layer)  # set again beside the new name: checked strictly, never dropped
+        for key in [k for k in current if k != "name" and k not in keep]:
+            notes.append(_dropped(key, current.pop(key), where, new))
+    for key, value in layer.items():
+        if value is None and key != "name":
+            current.pop(key, None)  # null removes a parameter: its default applies
+        else:
+            current[key] = value
+
+
+def _dropped(key: str, value: Any, where: _Where, name: Any) -> str:
+    origin = where.origins.pop(f"encoding.{key}", "")
+    at = f" ({origin})" if origin else ""
+    return f"encoding.{key}={value!r}{at} dropped: encoding {name!r} has no such parameter"
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def _empty_tree() -> Tree:
+    return {"seed": 0, "encoding": {}, "sweep": None, **{name: {} for name in SECTIONS}}
+
+
+def _section(cls: type, values: dict[str, Any], name: str, where: _Where) -> Any:
+    hints = typing.get_type_hints(cls)
+    kwargs = {
+        key: where.converted(value, hints[key], f"{name}.{key}") for key, value in values.items()
+    }
+    return cls(**kwargs)
+
+
+def _encoding(values: dict[str, Any], where: _Where) -> EncodingConfig:
+    name = where.converted(values.get("name", EncodingConfig.name), str, "encoding.name")
+    one_d = [n for n, cls in ENCODINGS.items() if cls.dims == 1]
+    if name not in ENCODINGS:
+        raise where.error(
+            "encoding.name",
+            f"unknown encoding {name!r}{close_match(name, one_d)}; valid: {_valid(one_d)}",
+        )
+    if ENCODINGS[name].dims != 1:
+        raise where.error(
+            "encoding.name",
+            f"{name!r} is a 2D (image grid) encoding; text tasks need a 1D one: {_valid(one_d)}",
+        )
+    spec = user_params(name)
+    params = {}
+    for key, value in values.items():
+        if key == "name":
+            continue
+        if key not in spec:
+            valid = f"valid: {', '.join(spec)}" if spec else f"it takes none; remove encoding.{key}"
+            raise where.error(
+                f"encoding.{key}",
+                f"encoding {name!r} has no parameter {key!r}{close_match(key, spec)}; {valid}",
+            )
+        try:
+            params.update(check_params(name, {key: value}))
+        except UsageError as err:
+            raise where.error(f"encoding.{key}", str(err).removeprefix(f"{name}.{key}: ")) from None
+    return EncodingConfig(name=name, params=params)
+
+
+def _key_type(dotted: str) -> Any:
+    """The declared type of a dotted key; ``Any`` for encoding parameters (name-dependent)."""
+    section, _, rest = dotted.partition(".")
+    if section == "seed":
+        return int
+    if section == "encoding":
+        return str if rest == "name" else Any
+    return typing.get_type_hints(SECTIONS[section])[rest]
+
+
+def _sweep(grid: dict[str, Any] | None, where: _Where) -> dict[str, list] | None:
+    if not grid:
+        return None
+    out = {}
+    for key, values in grid.items():
+        where_key = f"sweep.{key}"
+        if not isinstance(values, list) or not values:
+            raise where.error(where_key, f"expected a non-empty list of values, got {values!r}")
+        kind = _key_type(key)
+        # a list-valued setting is swept over lists: [[8, 16], [32]]
+        converted = [where.converted(v, kind, where_key) for v in values]
+        names = [_format(v) for v in converted]
+        for i, text in enumerate(names):
+            if text in names[:i]:
+                raise where.error(where_key, f"value {values[i]!r} is listed twice; list it once")
+        out[key] = converted
+    return out
+
+
+def _build(tree: Tree, where: _Where, notes: list[str], source: str) -> Recipe:
+    recipe = Recipe(
+        seed=where.converted(tree["seed"], int, "seed"),
+        model=_section(ModelConfig, tree["model"], "model", where),
+        encoding=_encoding(tree["encoding"], where),
+        data=_section(DataConfig, tree["data"], "data", where),
+        train=_section(TrainConfig, tree["train"], "train", where),
+        eval=_section(EvalConfig, tree["eval"], "eval", where),
+        sweep=_sweep(tree.get("sweep"), where),
+        source=source,
+        notes=list(notes),
+    )
+    _validate(recipe, where)
+    return recipe
+
+
+# (key, test, requirement): values each field must satisfy
+_LIMITS: list[tuple[str, typing.Callable[[Any], bool], str]] = [
+    ("seed", lambda v: v >= 0, ">= 0"),
+    ("model.dim", lambda v: v >= 1, ">= 1"),
+    ("model.depth", lambda v: v >= 1, ">= 1"),
+    ("model.heads", lambda v: v >= 1, ">= 1"),
+    ("model.mlp_ratio", lambda v: v > 0, "> 0"),
+    ("model.dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("model.mem_len", lambda v: v >= 0, ">= 0 (0 = no memory)"),
+    ("data.vocab", lambda v: v >= 2, ">= 2"),
+    ("data.val_fraction", lambda v: 0 < v < 1, "in (0, 1)"),
+    ("train.steps", lambda v: v >= 1, ">= 1"),
+    ("train.batch_size", lambda v: v >= 1, ">= 1"),
+    ("train.lr", lambda v: v > 0, "> 0"),
+    ("train.weight_decay", lambda v: v >= 0, ">= 0"),
+    ("train.warmup", lambda v: v >= 0, ">= 0"),
+    ("train.grad_clip", lambda v: v >= 0, ">= 0 (0 = no clipping)"),
+    ("train.eval_every", lambda v: v >= 1, ">= 1"),
+    ("train.eval_batches", lambda v: v >= 1, ">= 1"),
+    ("train.checkpoint_every", lambda v: v >= 1, ">= 1"),
+    ("eval.batches", lambda v: v >= 1, ">= 1"),
+    ("eval.shift", lambda v: v >= 0, ">= 0"),
+]
+
+
+def _get(recipe: Recipe, dotted: str) -> Any:
+    value: Any = recipe
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _validate(recipe: Recipe, where: _Where) -> None:
+    """Values that convert but are impossible; the encoding is built once to check its params."""
+    for key, test, requirement in _LIMITS:
+        value = _get(recipe, key)
+        if not test(value):
+            raise where.error(key, f"must be {requirement}, got {value!r}")
+    model, data = recipe.model, recipe.data
+    if model.dim % model.heads:
+        options = [h for h in (1, 2, 4, 8, 16) if model.dim % h == 0]
+        raise where.error(
+            "model.heads",
+            f"{model.heads} does not divide model.dim {model.dim}; "
+            f"pick one that does ({', '.join(map(str, options))})",
+        )
+    if data.task not in TASKS:
+        raise where.error(
+            "data.task",
+            f"unknown task {data.task!r}{close_match(data.task, TASKS)}; valid: {_valid(TASKS)}",
+        )
+    lengths = data.train_lengths
+    if len(lengths) != 2 or not 1 <= lengths[0] <= lengths[1]:
+        raise where.error(
+            "data.train_lengths", f"expected [min, max] with 1 <= min <= max, got {lengths!r}"
+        )
+    if data.corpus is not None and not Path(data.corpus).exists():
+        raise where.error(
+            "data.corpus",
+            f"no such file or folder {data.corpus!r}; give a text file or folder, "
+            "or null for the built-in standard-library corpus",
+        )
+    if not recipe.eval.lengths or min(recipe.eval.lengths) < 1:
+        raise where.error(
+            "eval.lengths",
+            f"expected a non-empty list of lengths >= 1, got {recipe.eval.lengths!r}",
+        )
+    if model.mem_len and not _causal(data.task):
+        raise where.error(
+            "model.mem_len", f"memory needs a language-model task, not {data.task!r}; set it to 0"
+        )
+    _check_encoding_builds(recipe, where)
+
+
+def _check_encoding_builds(recipe: Recipe, where: _Where) -> None:
+    model, encoding = recipe.model, recipe.encoding
+    try:
+        with torch.random.fork_rng(devices=[]):
+            build_encoding(
+                encoding.name,
+                dim=model.dim,
+                heads=model.heads,
+                head_dim=model.dim // model.heads,
+                causal=_causal(recipe.data.task),
+                **encoding.params,
+            )
+    except UsageError as err:
+        raise where.error("encoding", str(err)) from None
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def load_recipe(ref: str | Path, overrides: typing.Sequence[str] = ()) -> Recipe:
+    """Load a recipe file or shipped short name, apply ``extends`` and ``KEY=VALUE`` overrides,
+    convert and validate everything (every sweep run too); raises a one-line UsageError."""
+    source = _find_recipe(str(ref))
+    where = _Where(source.label)
+    tree, notes = _empty_tree(), []
+    for origin, layer in _chain(source, where):
+        _merge(tree, layer, origin, where, notes)
+    if overrides:
+        try:
+            assignments = parse_assignments(list(overrides))
+        except UsageError as err:
+            raise UsageError(f"recipe {source.label}: {err}") from None
+        origin = "set by an override"
+        for key in assignments:
+            if key == "extends":
+                raise where.error(key, "cannot be overridden; write a recipe that extends", origin)
+            if key.partition(".")[0] != "sweep":
+                _check_key(key, where, origin)
+        layer = _check_layer(_assignments_layer(assignments), origin, where)
+        _absolute_corpus(layer, Path.cwd())
+        _merge(tree, layer, origin, where, notes)
+    recipe = _build(tree, where, notes, source.label)
+    _check_swept_params(recipe, expand_sweep(recipe), where)  # builds and checks every run
+    return recipe
+
+
+def _check_swept_params(recipe: Recipe, runs: list[tuple[str, Recipe]], where: _Where) -> None:
+    """A swept encoding parameter that no run keeps is a typo, not a rule at work."""
+    used = sorted({run.encoding.name for _, run in runs})
+    for key in recipe.sweep or {}:
+        param = key.removeprefix("encoding.")
+        if key == param or param == "name":
+            continue
+        if not any(param in run.encoding.params for _, run in runs):
+            names = set().union(*(user_params(n) for n in used))
+            raise where.error(
+                f"sweep.{key}",
+                f"no encoding of this sweep ({', '.join(used)}) has parameter "
+                f"{param!r}{close_match(param, names)}; remove the axis with sweep.{key}=null",
+            )
+
+
+def expand_sweep(recipe: Recipe) -> list[tuple[str, Recipe]]:
+    """``[(run name, recipe with sweep=None), ...]`` in grid order (the last key varies fastest);
+    one run named ``run`` when there is no sweep."""
+    if not recipe.sweep:
+        return [("run", dataclasses.replace(recipe, sweep=None, notes=list(recipe.notes)))]
+    base = _to_tree(recipe)
+    keys = list(recipe.sweep)
+    runs = []
+    for combo in itertools.product(*(recipe.sweep[k] for k in keys)):
+        name = ",".join(f"{k}={_format(v)}" for k, v in zip(keys, combo, strict=True))
+        where = _Where(recipe.source or "recipe")
+        tree, notes = copy.deepcopy(base), list(recipe.notes)
+        layer = _assignments_layer(dict(zip(keys, copy.deepcopy(combo), strict=True)))
+        _merge(tree, layer, f"in sweep run {name}", where, notes)
+        _drop_swept_strays(tree["encoding"], layer.get("encoding", {}), where, notes)
+        runs.append((name, _build(tree, where, notes, recipe.source)))
+    return runs
+
+
+def _drop_swept_strays(
+    current: dict[str, Any], swept: dict[str, Any], where: _Where, notes: list[str]
+) -> None:
+    """A swept encoding parameter applies only to the runs whose encoding has it."""
+    name = current.get("name", EncodingConfig.name)
+    if not isinstance(name, str) or name not in ENCODINGS:
+        return  # the name's own error comes first
+    spec = user_params(name)
+    for key in [k for k in swept if k != "name" and k not in spec and k in current]:
+        notes.append(_dropped(key, current.pop(key), where, name))
+
+
+def _format(value: Any) -> str:
+    """A value as it appears in a run name (which is also a folder name)."""
+    if isinstance(value, bool) or value is None:
+        text = {True: "true", False: "false", None: "null"}[value]
+    elif isinstance(value, float):
+        text = f"{value:g}"
+    elif isinstance(value, list | tuple):
+        text = "_".join(_format(v) for v in value)
+    else:
+        text = str(value)
+    return re.sub(r"[^A-Za-z0-9._+-]", "_", text)
+
+
+def _to_tree(recipe: Recipe) -> Tree:
+    tree = recipe_to_dict(dataclasses.replace(recipe, sweep=None))
+    tree.setdefault("sweep", None)
+    return tree
+
+
+def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
+    """The resolved recipe as plain data: the encoding's parameters beside its name."""
+    out: dict[str, Any] = {"seed": recipe.seed, "model": dataclasses.asdict(recipe.model)}
+    out["encoding"] = {"name": recipe.encoding.name, **copy.deepcopy(recipe.encoding.params)}
+    for name in ("data", "train", "eval"):
+        out[name] = dataclasses.asdict(getattr(recipe, name))
+    if recipe.sweep:
+        out["sweep"] = copy.deepcopy(recipe.sweep)
+    return out
+
+
+class _Dumper(yaml.SafeDumper):
+    """Lists in flow style (``[5, 20]``), mappings in block style."""
+
+
+_Dumper.add_representer(
+    list, lambda dumper, data: dumper.represent_sequence("tag:yaml.org,2002:seq", data, True)
+)
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    """The resolved recipe as YAML; ``load_recipe`` of the text gives an equal Recipe."""
+    header = [f"# resolved recipe from {recipe.source or 'defaults'}"]
+    header += [f"# note: {note}" for note in recipe.notes]
+    body = yaml.dump(recipe_to_dict(recipe), Dumper=_Dumper, sort_keys=False)
+    return "\n".join(_one_line(line) for line in header) + "\n" + body

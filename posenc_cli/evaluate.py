@@ -1,0 +1,99 @@
+"""Evaluate a trained run at other lengths and under a position shift.
+
+For each length the run is scored on fixed test batches (the same for every run): loss,
+perplexity, per-token accuracy and exact match. A length an encoding cannot run at (a learned
+table past its end) is reported as such, not as a crash. A language model with Transformer-XL
+memory is also scored over the validation text in consecutive segments, memory carried.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posenc_cli.checkpoint import atomic_write_json, load_checkpoint
+from posenc_cli.config import Recipe, load_recipe
+from posenc_cli.data import build_task
+from posenc_cli.errors import UsageError
+from posenc_cli.metrics import Tally
+from posenc_cli.models.text import build_text_model
+from posenc_cli.train import autocast, evaluate_length, pick_device
+
+
+def load_run(run_dir: Path, overrides: list[str] = ()) -> tuple[Recipe, torch.nn.Module, Any]:
+    recipe_file = run_dir / "recipe.yaml"
+    if not recipe_file.is_file():
+        raise UsageError(
+            f"{run_dir}: not a run directory (no recipe.yaml); give a `posenc train` output folder"
+        )
+    recipe = load_recipe(recipe_file, list(overrides))
+    task = build_task(recipe.data)
+    model = build_text_model(recipe.model, recipe.encoding, task)
+    best = run_dir / "best.pt"
+    state = load_checkpoint(best if best.is_file() else run_dir / "last.pt")
+    model.load_state_dict(state["model"])
+    return recipe, model, task
+
+
+@torch.no_grad()
+def evaluate_stream(model, task, segment: int, device, max_segments: int = 64) -> dict[str, float]:
+    """Perplexity over the validation text read in order, memory carried between segments."""
+    model.eval()
+    stream = task.stream("test")
+    tally, memory = Tally(), None
+    usable = min(len(stream) - 1, segment * max_segments)
+    for begin in range(0, usable - segment + 1, segment):
+        window = stream[begin : begin + segment + 1][None].to(device)
+        with autocast(device):
+            out = model(window[:, :-1], memory=memory)
+        tally.add(out.logits, window[:, 1:], "lm")
+        memory = out.memory
+    return tally.summary()
+
+
+def evaluate_run(
+    run_dir: Path,
+    overrides: list[str] = (),
+    lengths: list[int] | None = None,
+    shift: int | None = None,
+    write: bool = True,
+) -> dict[str, Any]:
+    recipe, model, task = load_run(run_dir, overrides)
+    device = pick_device(recipe.train.device)
+    model.to(device)
+    lengths = lengths or list(recipe.eval.lengths)
+    shift = recipe.eval.shift if shift is None else shift
+    if any(n < 1 for n in lengths) or shift < 0:
+        raise UsageError("--lengths must be positive and --shift >= 0, e.g. --lengths 16,32,64")
+    rows: dict[str, Any] = {}
+    for length in lengths:
+        try:
+            rows[str(length)] = evaluate_length(
+                model,
+                task,
+                length,
+                recipe.eval.batches,
+                recipe.train.batch_size,
+                device,
+                offset=shift,
+            )
+        except UsageError as err:  # e.g. a learned table shorter than this length
+            rows[str(length)] = {"error": str(err)}
+    result = {
+        "run": str(run_dir),
+        "encoding": recipe.encoding.name,
+        "encoding_params": recipe.encoding.params,
+        "seed": recipe.seed,
+        "task": recipe.data.task,
+        "train_lengths": list(recipe.data.train_lengths),
+        "shift": shift,
+        "lengths": rows,
+    }
+    if task.kind == "lm" and recipe.model.mem_len > 0 and hasattr(task, "stream"):
+        result["stream"] = evaluate_stream(model, task, recipe.data.train_lengths[1], device)
+    if write:
+        name = "eval.json" if shift == 0 else f"eval_shift{shift}.json"
+        atomic_write_json(run_dir / name, result)
+    return result

@@ -1,0 +1,305 @@
+"""The training loop: one recipe in, one run directory out.
+
+Every source of randomness is derived from (seed, rank, step), so a run resumed from its last
+checkpoint draws the same batches and dropout masks as the uninterrupted run and ends with the
+same numbers. Checkpoints (``last.pt``, ``best.pt``) are written atomically; ``metrics.jsonl``
+gets one line per log; ``summary.json`` is written at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from posenc_cli import distributed
+from posenc_cli.checkpoint import (
+    atomic_write_json,
+    atomic_write_text,
+    load_checkpoint,
+    save_checkpoint,
+)
+from posenc_cli.config import Recipe, dump_recipe
+from posenc_cli.data import build_task
+from posenc_cli.errors import UsageError
+from posenc_cli.metrics import Tally
+from posenc_cli.models.text import build_text_model
+
+EVAL_SEED = 20_000_000  # evaluation batches are the same for every run and every encoding
+
+
+class TrainingStopped(RuntimeError):
+    """The run cannot go on (a NaN loss); the message says why and what was kept."""
+
+
+def pick_device(choice: str) -> torch.device:
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise UsageError("train.device: cuda was asked for but no GPU is visible; use auto or cpu")
+    if choice == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def lr_factor(step: int, warmup: int, total: int) -> float:
+    """Linear warm-up to 1, then cosine to 0 at ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def step_generator(seed: int, rank: int, step: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed * 1_000_003 + rank * 7919 + step)
+
+
+@dataclass
+class Segments:
+    """Contiguous streams for Transformer-XL training: row b of step s continues row b of step
+    s - 1, so the memory carried between steps is the text that came just before."""
+
+    stream: torch.Tensor
+    starts: torch.Tensor  # (B,)
+    length: int
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        span = len(self.stream) - self.length - 1
+        begin = (self.starts + step * self.length) % span  # (B,)
+        index = begin[:, None] + torch.arange(self.length + 1)  # (B, T + 1)
+        window = self.stream[index]
+        return window[:, :-1], window[:, 1:]
+
+
+def autocast(device: torch.device):
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
+
+
+@torch.no_grad()
+def evaluate_length(
+    model, task, length: int, batches: int, batch_size: int, device, offset: int = 0
+) -> dict[str, float]:
+    """Mean metrics over ``batches`` fixed test batches of problem size ``length``."""
+    model.eval()
+    tally = Tally()
+    for i in range(batches):
+        gen = torch.Generator().manual_seed(EVAL_SEED + 1000 * length + i)
+        batch = task.batch(batch_size, length, gen, "test")
+        mask = None if batch.key_mask is None else batch.key_mask.to(device)
+        with autocast(device):
+            out = model(batch.tokens.to(device), key_mask=mask, offset=offset)
+        tally.add(out.logits, batch.targets.to(device), task.kind)
+    model.train()
+    return tally.summary()
+
+
+def train(
+    recipe: Recipe,
+    out: Path,
+    resume: bool = False,
+    console: Console | None = None,
+    interrupt_at: int | None = None,
+) -> dict[str, Any]:
+    """Train ``recipe`` into ``out``; returns the summary. ``interrupt_at`` simulates a Ctrl-C
+    after that many steps (tests use it; it takes the same path as a real one)."""
+    console = console or Console(stderr=True)
+    cfg = recipe.train
+    device = pick_device(cfg.device)
+    world = distributed.start(device)
+    last, best_path = out / "last.pt", out / "best.pt"
+    if world.main:
+        prepare_directory(out, resume)
+        write_recipe(out, recipe)
+    task = build_task(recipe.data)
+    torch.manual_seed(recipe.seed)
+    model = build_text_model(recipe.model, recipe.encoding, task).to(device)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98)
+    )
+    start, best, memory = 0, math.inf, None
+    if resume and last.is_file():
+        state = load_checkpoint(last)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start, best = int(state["step"]), float(state["best"])
+        memory = [m.to(device) for m in state["memory"]] if state.get("memory") else None
+        if world.main:
+            truncate_metrics(out / "metrics.jsonl", start)
+    trainable = model
+    if world.size > 1:
+        trainable = torch.nn.parallel.DistributedDataParallel(model)
+
+    segments = None
+    if task.kind == "lm" and recipe.model.mem_len > 0:
+        stream = task.stream("train")
+        gen = torch.Generator().manual_seed(recipe.seed * 31 + world.rank)
+        span = len(stream) - cfg.batch_size * 2
+        starts = torch.randint(0, max(span, 1), (cfg.batch_size,), generator=gen)
+        segments = Segments(stream, starts, recipe.data.train_lengths[1])
+
+    log_path = out / "metrics.jsonl"
+    params = sum(p.numel() for p in model.parameters())
+    lo, hi = recipe.data.train_lengths
+    eval_length = hi
+    tokens_seen, t0 = 0, time.perf_counter()
+    step = start
+    train_tally = Tally()
+
+    def checkpoint(path: Path) -> None:
+        if world.main:
+            save_checkpoint(
+                path,
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "step": step,
+                    "best": best,
+                    "memory": [m.cpu() for m in memory] if memory else None,
+                },
+            )
+
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[stats]}"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not world.main,
+        transient=False,
+    )
+    try:
+        with progress:
+            bar = progress.add_task(out.name, total=cfg.steps, completed=start, stats="")
+            for step in range(start, cfg.steps):
+                if interrupt_at is not None and step == interrupt_at:
+                    raise KeyboardInterrupt
+                gen = step_generator(recipe.seed, world.rank, step)
+                torch.manual_seed(recipe.seed * 1_000_003 + step)  # dropout masks
+                for group in optimizer.param_groups:
+                    group["lr"] = cfg.lr * lr_factor(step, cfg.warmup, cfg.steps)
+                if segments is not None:
+                    tokens, targets = segments.batch(step)
+                    key_mask = None
+                else:
+                    length = int(torch.randint(lo, hi + 1, (1,), generator=gen))
+                    batch = task.batch(cfg.batch_size, length, gen, "train")
+                    tokens, targets, key_mask = batch.tokens, batch.targets, batch.key_mask
+                with autocast(device):
+                    output = trainable(
+                        tokens.to(device),
+                        key_mask=None if key_mask is None else key_mask.to(device),
+                        memory=memory,
+                    )
+                loss = train_tally.add(output.logits, targets.to(device), task.kind)
+                if not math.isfinite(float(loss)):
+                    kept = f"step {start}" if start else "none yet"
+                    if last.is_file():
+                        kept = f"step {load_checkpoint(last)['step']}"
+                    raise TrainingStopped(
+                        f"loss became {float(loss)} at step {step + 1}; the last good checkpoint "
+                        f"({kept}) is kept in {out}; lower train.lr or train.grad_clip"
+                    )
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if cfg.grad_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                optimizer.step()
+                memory = output.memory
+                tokens_seen += tokens.numel() * world.size
+                step += 1
+                done = step == cfg.steps
+                if step % cfg.eval_every == 0 or done:
+                    rate = tokens_seen / (time.perf_counter() - t0)
+                    row = {
+                        "step": step,
+                        "lr": optimizer.param_groups[0]["lr"],
+                        "tokens_per_s": rate,
+                        **{f"train_{k}": v for k, v in train_tally.summary().items()},
+                    }
+                    train_tally = Tally()
+                    if world.main:
+                        val = evaluate_length(
+                            model, task, eval_length, cfg.eval_batches, cfg.batch_size, device
+                        )
+                        row.update({f"val_{k}": v for k, v in val.items()})
+                        append_metrics(log_path, row)
+                        if val["loss"] < best:
+                            best = val["loss"]
+                            checkpoint(best_path)
+                    progress.update(bar, stats=stats_line(row))
+                    world.barrier()
+                if step % cfg.checkpoint_every == 0 or done:
+                    checkpoint(last)
+                progress.update(bar, completed=step)
+    except KeyboardInterrupt:
+        checkpoint(last)
+        distributed.stop(world)
+        raise
+    summary = {
+        "recipe": recipe.source,
+        "encoding": recipe.encoding.name,
+        "encoding_params": recipe.encoding.params,
+        "task": recipe.data.task,
+        "seed": recipe.seed,
+        "steps": cfg.steps,
+        "parameters": params,
+        "best_val_loss": best,
+        "train_lengths": [lo, hi],
+        "device": device.type,
+        "world_size": world.size,
+        "final": last_metrics(log_path) if world.main else {},
+    }
+    if world.main:
+        atomic_write_json(out / "summary.json", summary)
+    distributed.stop(world)
+    return summary
+
+
+def prepare_directory(out: Path, resume: bool) -> None:
+    if out.exists() and (out / "last.pt").exists() and not resume:
+        raise UsageError(
+            f"{out} already holds a run; add --resume to continue it or choose another --out"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def write_recipe(out: Path, recipe: Recipe) -> None:
+    atomic_write_text(out / "recipe.yaml", dump_recipe(recipe))
+
+
+def stats_line(row: dict[str, Any]) -> str:
+    parts = [f"loss {row['train_loss']:.3f}", f"acc {row['train_token_accuracy']:.3f}"]
+    if "val_loss" in row:
+        parts.append(f"val {row['val_loss']:.3f}/{row['val_token_accuracy']:.3f}")
+    parts.append(f"{row['tokens_per_s']:.0f} tok/s")
+    return "  ".join(parts)
+
+
+def append_metrics(path: Path, row: dict[str, Any]) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop log lines written after the checkpoint a resumed run starts from."""
+    if not path.is_file():
+        return
+    rows = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = [line for line in rows if json.loads(line)["step"] <= step]
+    atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+
+def last_metrics(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    return json.loads(lines[-1]) if lines else {}
