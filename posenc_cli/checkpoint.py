@@ -47,7 +47,9 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # an unpickling refusal or a corrupt file: say which, in one line
-        reason = str(err).strip().splitlines()[0][:200]
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        named = [line for line in lines if "Unsupported" in line or "global" in line.lower()]
+        reason = (named or lines or ["unreadable file"])[0][:200]
         raise UsageError(
             f"{path}: refused to load (only tensors and plain data are accepted): {reason}"
         ) from None

@@ -200,12 +200,12 @@ def train(
                         memory=memory,
                     )
                 loss = train_tally.add(output.logits, targets.to(device), task.kind)
-                if not math.isfinite(float(loss)):
+                if not math.isfinite(float(loss.detach())):
                     kept = f"step {start}" if start else "none yet"
                     if last.is_file():
                         kept = f"step {load_checkpoint(last)['step']}"
                     raise TrainingStopped(
-                        f"loss became {float(loss)} at step {step + 1}; the last good checkpoint "
+                        f"loss became {float(loss.detach())} at step {step + 1}; the last good checkpoint "
                         f"({kept}) is kept in {out}; lower train.lr or train.grad_clip"
                     )
                 optimizer.zero_grad(set_to_none=True)
