@@ -200,12 +200,13 @@ def train(
                         memory=memory,
                     )
                 loss = train_tally.add(output.logits, targets.to(device), task.kind)
-                if not math.isfinite(float(loss.detach())):
+                value = float(loss.detach())
+                if not math.isfinite(value):
                     kept = f"step {start}" if start else "none yet"
                     if last.is_file():
                         kept = f"step {load_checkpoint(last)['step']}"
                     raise TrainingStopped(
-                        f"loss became {float(loss.detach())} at step {step + 1}; the last good checkpoint "
+                        f"loss became {value} at step {step + 1}; the last good checkpoint "
                         f"({kept}) is kept in {out}; lower train.lr or train.grad_clip"
                     )
                 optimizer.zero_grad(set_to_none=True)
