@@ -49,19 +49,25 @@ class _FlashBiasAttention(torch.autograd.Function):
         if ctx.needs_input_grad[3]:
             B, H, N, _ = q.shape
             Nk = k.shape[-2]
-            full_bias = bias.expand(B, H, N, Nk)
             row_dot = (grad_out * out).sum(-1, keepdim=True)  # (B, H, N, 1)
             step = max(1, CHUNK_ELEMENTS // max(1, B * H * Nk))
-            chunks = []
+            batch_dims = [i for i in (0, 1) if bias.shape[i] == 1]
+            # contiguous once: otherwise every chunk's matmul copies all of k and v again
+            q, k, v, grad_out = (t.contiguous() for t in (q, k, v, grad_out))
+            k_t, v_t = k.transpose(-2, -1), v.transpose(-2, -1)
+            dbias = torch.empty(
+                *(1 if i in batch_dims else q.shape[i] for i in (0, 1)), N, Nk, dtype=q.dtype
+            )
             for s in range(0, N, step):
                 rows = slice(s, s + step)
-                logits = (q[:, :, rows] @ k.transpose(-2, -1)) * scale + full_bias[:, :, rows]
-                prob = torch.exp(logits - lse[:, :, rows, None])  # (B, H, c, Nk)
-                dprob = grad_out[:, :, rows] @ v.transpose(-2, -1)
-                dscore = prob * (dprob - row_dot[:, :, rows])
-                batch_dims = [i for i in (0, 1) if bias.shape[i] == 1]
-                chunks.append(dscore.sum(dim=batch_dims, keepdim=True) if batch_dims else dscore)
-            dbias = reduce_to(torch.cat(chunks, dim=2), bias.shape)
+                # in place where possible: these (B, H, c, Nk) blocks are the whole cost
+                prob = torch.matmul(q[:, :, rows], k_t).mul_(scale)
+                prob.add_(bias[:, :, rows]).sub_(lse[:, :, rows, None]).exp_()
+                dscore = torch.matmul(grad_out[:, :, rows], v_t)
+                dscore.sub_(row_dot[:, :, rows]).mul_(prob)  # (B, H, c, Nk)
+                block = dscore.sum(dim=batch_dims, keepdim=True) if batch_dims else dscore
+                dbias[:, :, rows] = block
+            dbias = reduce_to(dbias, bias.shape)
         return dq, dk, dv, dbias, None
 
 
