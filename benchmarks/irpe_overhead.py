@@ -5,7 +5,16 @@ DeiT-Ti shape: batch 8, 197 tokens (a class token and a 14 x 14 grid), 3 heads o
 noisy machine slows all of them alike; each number is the median over rounds of
 ``blocked_autorange`` medians. Nothing here is asserted; the README quotes what this prints.
 
-    .venv/bin/python benchmarks/irpe_overhead.py [--rounds 5] [--seconds 1] [--format json]
+``--explicit`` adds, for every iRPE variant, the same layer forced onto the attention module's
+explicit softmax path (the path it takes for value terms): without a value term the module
+otherwise sends the learned bias through ``biased_attention`` (flash forward, bias gradient
+recomputed in the backward), and the two rows show what that choice costs at this size.
+``--wait-idle S`` waits (up to S seconds, Linux only) before each round until no other process
+keeps the CPUs busy: on a shared 2-core machine one foreign process can slow a 2-thread
+measurement tenfold, and not evenly across variants.
+
+    .venv/bin/python benchmarks/irpe_overhead.py [--rounds 5] [--seconds 1] [--explicit]
+        [--wait-idle 120] [--format json]
 """
 
 from __future__ import annotations
@@ -13,7 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from rich.console import Console
@@ -42,14 +53,48 @@ TARGETS = {
 }
 
 
+class ExplicitPathRPE(ImageRPE):
+    """Measurement device only: reporting a value term sends attention down its explicit
+    softmax path; ``value`` still returns None when ``on`` has no v, so the output is equal."""
+
+    @property
+    def uses_value(self) -> bool:
+        return True
+
+
+def cpu_busy(seconds: float = 0.5) -> float:
+    """Fraction of all CPUs busy over ``seconds`` (Linux ``/proc/stat``; 0 elsewhere)."""
+    stat = Path("/proc/stat")
+    if not stat.exists():
+        return 0.0
+
+    def sample() -> tuple[int, int]:
+        fields = [int(v) for v in stat.read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        return sum(fields) - idle, idle
+
+    busy0, idle0 = sample()
+    time.sleep(seconds)
+    busy1, idle1 = sample()
+    return (busy1 - busy0) / max(1, busy1 - busy0 + idle1 - idle0)
+
+
+def wait_idle(limit: float) -> None:
+    """Return once the machine was < 8% busy for 1.5 s, or after ``limit`` seconds."""
+    end, quiet = time.monotonic() + limit, 0
+    while time.monotonic() < end and quiet < 3:
+        quiet = quiet + 1 if cpu_busy() < 0.08 else 0
+
+
 def layer_step(
-    params: dict | None, batch: int, heads: int, head_dim: int, side: int
+    params: dict | None, batch: int, heads: int, head_dim: int, side: int, explicit: bool = False
 ) -> Callable[[], None]:
     torch.manual_seed(0)
     dim = heads * head_dim
     enc: PositionEncoding | None = None
     if params is not None:
-        enc = ImageRPE(heads=heads, head_dim=head_dim, **params)
+        cls = ExplicitPathRPE if explicit else ImageRPE
+        enc = cls(heads=heads, head_dim=head_dim, **params)
     att = Attention(dim, heads, enc)
     positions = grid_positions(side, side, prefix=1)
     x = torch.randn(batch, len(positions), dim, requires_grad=True)
@@ -60,12 +105,22 @@ def layer_step(
     return step
 
 
-def measure(names, batch, heads, head_dim, side, rounds, seconds) -> dict[str, dict[str, float]]:
+EXPLICIT = " (explicit path)"
+
+
+def measure(
+    names, batch, heads, head_dim, side, rounds, seconds, explicit, idle
+) -> dict[str, dict[str, float]]:
     steps = {n: layer_step(VARIANTS[n], batch, heads, head_dim, side) for n in names}
+    for n in names if explicit else []:
+        if VARIANTS[n] is not None:
+            steps[n + EXPLICIT] = layer_step(VARIANTS[n], batch, heads, head_dim, side, True)
     for step in steps.values():
         step()  # warm-up (also fills the id caches, as in training)
-    times: dict[str, list[float]] = {n: [] for n in names}
+    times: dict[str, list[float]] = {n: [] for n in steps}
     for _ in range(rounds):
+        if idle > 0:
+            wait_idle(idle)
         for n, step in steps.items():
             timer = benchmark.Timer("step()", globals={"step": step}, num_threads=2)
             times[n].append(timer.blocked_autorange(min_run_time=seconds).median)
@@ -84,12 +139,21 @@ def main() -> None:
     parser.add_argument("--side", type=int, default=14, help="grid side (224 px / 16)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=1.0, help="per measurement")
+    parser.add_argument("--explicit", action="store_true", help="also on the explicit path")
+    parser.add_argument("--wait-idle", type=float, default=0.0, metavar="S")
     parser.add_argument("--format", choices=["table", "json"], default="table")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    names = list(VARIANTS)
     results = measure(
-        names, args.batch, args.heads, args.head_dim, args.side, args.rounds, args.seconds
+        list(VARIANTS),
+        args.batch,
+        args.heads,
+        args.head_dim,
+        args.side,
+        args.rounds,
+        args.seconds,
+        args.explicit,
+        args.wait_idle,
     )
     if args.format == "json":
         print(json.dumps({"setup": vars(args), "results": results}, indent=2))
@@ -101,7 +165,7 @@ def main() -> None:
     )
     for column in ("variant", "ms", "ratio", "target"):
         table.add_column(column, justify="left" if column == "variant" else "right")
-    for n in names:
+    for n in results:
         target = f"<= {TARGETS[n]}x" if n in TARGETS else ""
         r = results[n]
         table.add_row(n, f"{r['seconds'] * 1e3:.1f}", f"{r['ratio']:.2f}x", target)

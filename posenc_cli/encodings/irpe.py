@@ -44,15 +44,19 @@ and ``rpe_vision_transformer.py`` (``RPEAttention``):
 - Positions are any ``(N, 2)`` grid positions (``grid_positions``; prefix tokens at ``(-1, -1)``),
   also subsets (prefix queries against all keys, patch queries against prefix keys) and grids
   that do not start at 0: ids depend on offsets only.
+- Any grid size runs (``extrapolates``): offsets past ``gamma`` share the outermost buckets.
 - ``buckets()`` returns the first scale's ids, and for cross its row ids (the column ids are the
   same function of the column offset).
 
 Efficiency (the official code builds an ``(N, N, d)`` value embedding; nothing here does):
 key term ``q @ r^K`` once per bucket ``(B, H, Nq, nb)``, then a gather by bucket id; query term
-``k @ r^Q`` gathered with the transposed ids; value term ``sum_per_bucket(a) @ r^V``. Bucket ids
-are looked up in an offset table ``bucket_table`` cached per grid span and device, and the pair
-ids of the last positions seen are cached per shape (checked by value, so a stale entry is never
-used). The cached ids are plain tensors, not buffers: they move with the positions' device.
+``k @ r^Q`` gathered with the transposed ids; value term ``sum_per_bucket(a) @ r^V``. Cross
+does its two lookups as one: ``r_rows[a] + r_cols[b]`` is read from a merged ``(P*P + 1)``-entry
+table (``cross_table``, rebuilt from the two learned tables on every call, so gradients reach
+both) by one id per pair (``cross_ids``), the same gather as product. Bucket ids are looked up in
+an offset table (``bucket_table``) cached per grid span and device, and the pair ids of the last
+positions seen are cached per shape (checked by value, so a stale entry is never used). The
+cached ids are plain tensors, not buffers: they live on the positions' device.
 """
 
 from __future__ import annotations
@@ -138,6 +142,22 @@ def pair_ids(table: Tensor, q_pos: Tensor, k_pos: Tensor, prefix_id: int) -> Ten
     prefix = (q_pos[:, None, 0] < 0) | (k_pos[None, :, 0] < 0)  # (Nq, Nk)
     offsets = offsets.masked_fill(prefix[..., None], 0)  # keep prefix pairs inside the table
     return lookup_offsets(table, offsets).masked_fill(prefix, prefix_id)
+
+
+def cross_ids(rows: Tensor, cols: Tensor, prefix_id: int) -> Tensor:
+    """One id per pair for the cross method, ``rows * P + cols`` with ``P = prefix_id`` (the
+    per-map grid count), and ``P * P`` for prefix pairs (they have the prefix id in both maps).
+    With ``cross_table`` the two lookups of cross become one gather of the size of product's."""
+    return torch.where(rows == prefix_id, prefix_id * prefix_id, rows * prefix_id + cols)
+
+
+def cross_table(rows: Tensor, cols: Tensor, axis: int) -> Tensor:
+    """The table that ``cross_ids`` index: entry ``a * P + b`` is ``rows[a] + cols[b]`` and the
+    last one ``rows[P] + cols[P]`` (the prefix entries); ``axis`` is the bucket axis of both."""
+    r, c = rows.movedim(axis, -1), cols.movedim(axis, -1)  # (..., P + 1)
+    side = r.shape[-1] - 1
+    grid = (r[..., :side, None] + c[..., None, :side]).flatten(-2)  # (..., P * P)
+    return torch.cat([grid, r[..., side:] + c[..., side:]], dim=-1).movedim(-1, axis)
 
 
 class ImageRPE(PositionEncoding):
@@ -228,41 +248,62 @@ class ImageRPE(PositionEncoding):
             self._offset_tables[key] = tuple(t.to(device) for t in tables)
         return list(self._offset_tables[key])
 
-    def pair_bucket_ids(self, q_pos: Tensor, k_pos: Tensor) -> list[Tensor]:
-        """``(Nq, Nk)`` ids of every (scale, map), in ``self.tables`` order per letter."""
+    def _merge_maps(self, ids: list[Tensor]) -> list[Tensor]:
+        """Per (scale, map) ids -> one id tensor per scale (cross: ``cross_ids``)."""
+        if self.method != "cross":
+            return ids
+        pairs = zip(ids[::2], ids[1::2], self.counts, strict=True)
+        return [cross_ids(rows, cols, count - 1) for rows, cols, count in pairs]
+
+    def map_ids(self, q_pos: Tensor, k_pos: Tensor) -> list[Tensor]:
+        """``(Nq, Nk)`` ids of every (scale, map) as the official code numbers them, uncached."""
         if q_pos.dim() != 2 or k_pos.dim() != 2 or q_pos.shape[-1] != 2:
             raise UsageError(
                 "irpe: needs (row, col) grid positions (positions=grid_positions(h, w, prefix)); "
                 "for sequences use shaw or t5"
             )
+        tables = self._tables_for(grid_reach(q_pos, k_pos), q_pos.device)
+        counts = [c for c in self.counts for _ in self.maps]  # per (scale, map)
+        return [pair_ids(t, q_pos, k_pos, c - 1) for t, c in zip(tables, counts, strict=True)]
+
+    def pair_bucket_ids(self, q_pos: Tensor, k_pos: Tensor) -> list[Tensor]:
+        """``(Nq, Nk)`` ids into each scale's (cross: merged) table, cached by position values."""
         key = (tuple(q_pos.shape), tuple(k_pos.shape), q_pos.dtype, q_pos.device)
         hit = self._pair_cache.get(key)
         if hit is not None and torch.equal(hit[0], q_pos) and torch.equal(hit[1], k_pos):
             return hit[2]
-        tables = self._tables_for(grid_reach(q_pos, k_pos), q_pos.device)
-        counts = [c for c in self.counts for _ in self.maps]  # per (scale, map)
-        ids = [pair_ids(t, q_pos, k_pos, c - 1) for t, c in zip(tables, counts, strict=True)]
+        ids = self._merge_maps(self.map_ids(q_pos, k_pos))
         self._pair_cache[key] = (q_pos.clone(), k_pos.clone(), ids)
         return ids
 
     def slot_bucket_ids(self, offsets: Tensor) -> list[Tensor]:
-        """``(K,)`` ids of every (scale, map) for window slots at ``offsets`` ``(K, 2)``."""
+        """``(K,)`` ids into each scale's (cross: merged) table for window slots at ``offsets``
+        ``(K, 2)``, query minus key."""
         key = (tuple(offsets.shape), offsets.dtype, offsets.device)
         hit = self._slot_cache.get(key)
         if hit is not None and torch.equal(hit[0], offsets):
             return hit[1]
-        reach = offsets.abs().max(dim=0).values if len(offsets) else torch.zeros(2)
+        reach = offsets.abs().amax(dim=0).tolist() if len(offsets) else [0, 0]
         tables = self._tables_for((int(reach[0]), int(reach[1])), offsets.device)
-        ids = [lookup_offsets(t, offsets) for t in tables]
+        ids = self._merge_maps([lookup_offsets(t, offsets) for t in tables])
         self._slot_cache[key] = (offsets.clone(), ids)
         return ids
 
     def buckets(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, int]:
-        return self.pair_bucket_ids(q_pos, k_pos)[0], self.counts[0]
+        """The first scale's ids and bucket count; for cross its row ids (the column ids are the
+        same function of the column offset)."""
+        return self.map_ids(q_pos, k_pos)[0], self.counts[0]
 
     def _letter_tables(self, letter: str) -> list[Tensor]:
-        names = [self.table_name(letter, s, m) for s in range(len(self.scales)) for m in self.maps]
-        return [self.tables[n] for n in names]
+        """One table per scale for ``letter``; cross merges its rows and cols tables."""
+        tables = [
+            [self.tables[self.table_name(letter, s, m)] for m in self.maps]
+            for s in range(len(self.scales))
+        ]
+        if self.method != "cross":
+            return [t[0] for t in tables]
+        axis = -2 if letter == "v" and self.mode == "contextual" else -1  # the bucket axis
+        return [cross_table(rows, cols, axis) for rows, cols in tables]
 
     def _per_bucket(self, x: Tensor, table: Tensor) -> Tensor:
         """``x . r_b`` for every bucket: ``(B, H, N, d)`` by ``(H|1, d, nb)`` -> ``(B, H, N, nb)``,
@@ -347,6 +388,8 @@ __all__ = [
     "ImageRPE",
     "bucket_ids",
     "bucket_table",
+    "cross_ids",
+    "cross_table",
     "grid_reach",
     "index_scales",
     "lookup_offsets",

@@ -1,0 +1,1 @@
+"""The command implementations; `posenc_cli.cli` registers them with Typer."""

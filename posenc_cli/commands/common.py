@@ -1,0 +1,36 @@
+"""What every command shares: the console, output formats, list parsing."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from rich.console import Console
+
+from posenc_cli.errors import UsageError
+
+console = Console()
+
+
+class Format(str, Enum):
+    table = "table"
+    json = "json"
+
+
+class CompareFormat(str, Enum):
+    table = "table"
+    json = "json"
+    md = "md"
+
+
+def int_list(text: str | None, option: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(
+            f"{option} {text!r}: give whole numbers separated by commas, e.g. 32,64,128"
+        ) from None
+    if not values or min(values) < 1:
+        raise UsageError(f"{option} {text!r}: every value must be at least 1")
+    return values

@@ -1,0 +1,185 @@
+"""Commands that run experiments: train, evaluate, compare."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from posenc_cli.commands.common import CompareFormat, Format, console, int_list
+from posenc_cli.errors import UsageError
+
+
+def train_command(
+    recipe: Annotated[
+        str, typer.Argument(help="Recipe file or shipped name (text/extrapolation).")
+    ],
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="Dotted KEY=VALUE overrides, e.g. train.steps=200.")
+    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Run (or sweep) directory.")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue a stopped run.")] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Print the resolved recipe and the runs; train nothing."),
+    ] = False,
+) -> None:
+    """Train a recipe (every run of its sweep), then evaluate each run at the recipe's lengths.
+
+    Example: posenc train quickstart train.steps=300 --out runs/quick
+    """
+    from posenc_cli.config import dump_recipe, expand_sweep, load_recipe
+    from posenc_cli.experiments import default_out, run_recipe
+    from posenc_cli.train import TrainingStopped
+
+    resolved = load_recipe(recipe, list(overrides or []))
+    if dry_run:
+        print(dump_recipe(resolved), end="")
+        runs = expand_sweep(resolved)
+        base = out or default_out(resolved)
+        print(f"# {len(runs)} run(s) into {base}: " + ", ".join(name for name, _ in runs))
+        return
+    err = Console(stderr=True)
+    try:
+        dirs = run_recipe(resolved, out, resume, err)
+    except KeyboardInterrupt:
+        err.print(
+            "interrupted: the last checkpoint is saved; continue with the same command and --resume"
+        )
+        raise typer.Exit(130) from None
+    except TrainingStopped as stop:
+        print(f"error: {stop}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    base = out or default_out(resolved)
+    if len(dirs) > 1:
+        from posenc_cli.compare import compare
+
+        show_comparison(compare([base]), "token_accuracy", CompareFormat.table)
+    console.print(f"runs in {base}")
+
+
+def evaluate_command(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by posenc train.")],
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="KEY=VALUE, e.g. eval.batches=4.")
+    ] = None,
+    lengths: Annotated[str | None, typer.Option("--lengths", help="e.g. 32,64,128,256")] = None,
+    shift: Annotated[int | None, typer.Option("--shift", help="Add K to every position.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="PNG curve to write.")] = None,
+    format: Annotated[Format, typer.Option("--format", help="table or json")] = Format.table,
+) -> None:
+    """Score a run at the trained length and longer ones, optionally with positions shifted.
+
+    Example: posenc evaluate runs/quick --lengths 8,16,32,64 --shift 100
+    """
+    from posenc_cli.evaluate import evaluate_run
+
+    if out is not None and out.suffix.lower() != ".png":
+        raise UsageError(f"--out {out}: give a file name ending in .png")
+    result = evaluate_run(run_dir, list(overrides or []), int_list(lengths, "--lengths"), shift)
+    if out is not None:
+        from posenc_cli.plots import save_length_curves
+
+        ok = {int(n): r for n, r in result["lengths"].items() if "error" not in r}
+        ns = sorted(ok)
+        save_length_curves(
+            {result["encoding"]: (ns, [ok[n]["token_accuracy"] for n in ns], [0.0] * len(ns))},
+            "token_accuracy",
+            f"{run_dir} (shift {result['shift']})",
+            out,
+            tuple(result["train_lengths"]),
+        )
+    if format is Format.json:
+        print(json.dumps(result))
+        return
+    table = Table(
+        title=f"{run_dir}: {result['encoding']}, trained on lengths "
+        f"{result['train_lengths'][0]}-{result['train_lengths'][1]}, shift "
+        f"{result['shift']}"
+    )
+    for column in ("length", "loss", "perplexity", "token accuracy", "exact match"):
+        table.add_column(column, justify="right")
+    for n, r in result["lengths"].items():
+        if "error" in r:
+            table.add_row(n, "cannot run", "", "", r["error"][:60])
+            continue
+        table.add_row(
+            n,
+            f"{r['loss']:.4f}",
+            f"{r['perplexity']:.3f}",
+            f"{r['token_accuracy']:.4f}",
+            f"{r['exact_match']:.4f}",
+        )
+    if "stream" in result:
+        s = result["stream"]
+        table.add_row(
+            "stream", f"{s['loss']:.4f}", f"{s['perplexity']:.3f}", f"{s['token_accuracy']:.4f}", ""
+        )
+    console.print(table)
+
+
+def compare_command(
+    runs: Annotated[list[Path], typer.Argument(help="Run or sweep directories.")],
+    metric: Annotated[
+        str, typer.Option("--metric", help="token_accuracy, exact_match, loss, perplexity")
+    ] = "token_accuracy",
+    format: Annotated[
+        CompareFormat, typer.Option("--format", help="table, json or md")
+    ] = CompareFormat.table,
+    out: Annotated[Path | None, typer.Option("--out", help="PNG plot of metric vs length.")] = None,
+) -> None:
+    """Encodings side by side: mean and spread over seeds at every evaluated length.
+
+    Example: posenc compare runs/extrapolation --format md --out extrapolation.png
+    """
+    from posenc_cli.compare import METRICS, compare
+
+    if metric not in METRICS:
+        raise UsageError(f"--metric {metric!r}: choose one of {', '.join(METRICS)}")
+    if out is not None and out.suffix.lower() != ".png":
+        raise UsageError(f"--out {out}: give a file name ending in .png")
+    result = compare(runs)
+    if out is not None:
+        from posenc_cli.plots import save_length_curves
+
+        series = {}
+        for label, g in result["groups"].items():
+            ns = [n for n in result["lengths"] if "error" not in g["lengths"].get(n, {"error": 1})]
+            series[label] = (
+                [int(n) for n in ns],
+                [g["lengths"][n][metric]["mean"] for n in ns],
+                [g["lengths"][n][metric]["std"] for n in ns],
+            )
+        save_length_curves(series, metric, "posenc compare: " + ", ".join(map(str, runs)), out)
+    show_comparison(result, metric, format)
+    if out is not None and format is CompareFormat.table:
+        console.print(f"wrote {out}")
+
+
+def show_comparison(result, metric: str, format: CompareFormat) -> None:
+    from posenc_cli.compare import cell, markdown
+
+    if format is CompareFormat.json:
+        print(json.dumps(result))
+        return
+    if format is CompareFormat.md:
+        print(markdown(result, metric))
+        return
+    table = Table(title=f"{metric.replace('_', ' ')}: mean ± std over seeds (best in bold)")
+    table.add_column("encoding")
+    table.add_column("seeds", justify="right")
+    for n in result["lengths"]:
+        table.add_column(f"n={n}", justify="right")
+    for label, g in result["groups"].items():
+        cells = []
+        for n in result["lengths"]:
+            text = cell(g["lengths"].get(n, {"error": ""}), metric)
+            best = result["best"].get(n, {}).get(metric) == label
+            cells.append(f"[bold green]{text}[/]" if best else text)
+        table.add_row(label, str(len(g["seeds"])), *cells)
+    console.print(table)
