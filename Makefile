@@ -24,13 +24,17 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# posenc's main job on built-in data: the quickstart recipe (about 2 minutes on 2 CPU cores),
+# its comparison table and plot, and two pictures of the library. Re-running keeps finished runs.
 demo: install
 	$(POSENC) list
-	$(POSENC) viz-bias sinusoidal --length 64 --out demo/sinusoidal.png
-	$(POSENC) viz-bias alibi heads=4 --length 32 --out demo/alibi.png
+	$(POSENC) train quickstart --out runs/quickstart --resume
+	$(POSENC) compare runs/quickstart --out runs/quickstart/compare.png
+	$(POSENC) viz-bias sinusoidal --length 64 --out runs/demo/sinusoidal.png
+	$(POSENC) viz-buckets irpe --grid 9x9 --all-methods --out runs/demo/irpe-buckets.png
 
 bench: install
 	$(PY) benchmarks/attention_overhead.py
 
 clean:
-	rm -rf $(VENV) demo .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache
