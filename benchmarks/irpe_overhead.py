@@ -9,8 +9,8 @@ noisy machine slows all of them alike; each number is the median over rounds of
 explicit softmax path (the path it takes for value terms): without a value term the module
 otherwise sends the learned bias through ``biased_attention`` (flash forward, bias gradient
 recomputed in the backward), and the two rows show what that choice costs at this size.
-``--wait-idle S`` waits (up to S seconds, Linux only) before each round until no other process
-keeps the CPUs busy: on a shared 2-core machine one foreign process can slow a 2-thread
+``--wait-idle S`` waits (up to S seconds, Linux only) before each measurement until no other
+process keeps the CPUs busy: on a shared 2-core machine one foreign process can slow a 2-thread
 measurement tenfold, and not evenly across variants.
 
     .venv/bin/python benchmarks/irpe_overhead.py [--rounds 5] [--seconds 1] [--explicit]
@@ -119,9 +119,9 @@ def measure(
         step()  # warm-up (also fills the id caches, as in training)
     times: dict[str, list[float]] = {n: [] for n in steps}
     for _ in range(rounds):
-        if idle > 0:
-            wait_idle(idle)
         for n, step in steps.items():
+            if idle > 0:
+                wait_idle(idle)
             timer = benchmark.Timer("step()", globals={"step": step}, num_threads=2)
             times[n].append(timer.blocked_autorange(min_run_time=seconds).median)
     base = statistics.median(times["none"])

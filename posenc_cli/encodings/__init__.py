@@ -14,6 +14,7 @@ from posenc_cli.encodings.absolute import LearnedAbsolute, NoPosition, Sinusoida
 from posenc_cli.encodings.alibi import ALiBi
 from posenc_cli.encodings.base import MODEL_ARGS, PositionEncoding
 from posenc_cli.encodings.deberta import DebertaDisentangled
+from posenc_cli.encodings.irpe import ImageRPE
 from posenc_cli.encodings.learned2d import Learned2D
 from posenc_cli.encodings.rope import RotaryEmbedding
 from posenc_cli.encodings.rope2d import Rope2D
@@ -40,6 +41,7 @@ ENCODINGS: dict[str, type[PositionEncoding]] = {
     "learned2d": Learned2D,
     "rope2d": Rope2D,
     "swin": SwinBias,
+    "irpe": ImageRPE,
 }
 
 
