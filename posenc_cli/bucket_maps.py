@@ -56,7 +56,9 @@ def grid_buckets(
             f"{title}: this encoding has no buckets; try irpe or swin (see posenc list)"
         )
     ids, count = found
-    if ids.dim() == 3:  # cross: one map for rows, one for columns
+    if getattr(encoding, "method", None) == "cross":  # iRPE cross: a row map and a column map
+        ids = torch.stack(encoding.map_ids(q_pos, k_pos)[:2])  # (2, 1, H*W)
+    if ids.dim() == 3:
         return [
             BucketMap(f"{title} rows", ids[0].reshape(height, width), count, query=query),
             BucketMap(f"{title} columns", ids[1].reshape(height, width), count, query=query),

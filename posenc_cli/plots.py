@@ -61,7 +61,17 @@ def save_bucket_maps(maps: list[BucketMap], title: str, out: Path) -> Path:
             image = ax.imshow(ids, cmap=cmap, vmin=0, vmax=bucket_map.count - 1)
             if ids.size <= 400:
                 for (r, k), value in np.ndenumerate(ids):
-                    ax.text(k, r, str(value), ha="center", va="center", fontsize=6.5)
+                    shade = image.cmap(image.norm(value))
+                    dark = 0.299 * shade[0] + 0.587 * shade[1] + 0.114 * shade[2] < 0.5
+                    ax.text(
+                        k,
+                        r,
+                        str(value),
+                        ha="center",
+                        va="center",
+                        fontsize=6.5,
+                        color="white" if dark else "black",
+                    )
             row, col = bucket_map.query
             ax.add_patch(Rectangle((col - 0.5, row - 0.5), 1, 1, fill=False, lw=2.2, ec="red"))
             ax.set_title(f"{label}\nquery patch ({row}, {col}) in red", fontsize=8)
