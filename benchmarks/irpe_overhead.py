@@ -63,7 +63,8 @@ class ExplicitPathRPE(ImageRPE):
 
 
 def cpu_busy(seconds: float = 0.5) -> float:
-    """Fraction of all CPUs busy over ``seconds`` (Linux ``/proc/stat``; 0 elsewhere)."""
+    """Fraction of all CPUs busy over ``seconds`` (Linux ``/proc/stat``; 0 elsewhere). Niced work
+    counts as busy: measured here, it still slows 2-thread kernels several times."""
     stat = Path("/proc/stat")
     if not stat.exists():
         return 0.0

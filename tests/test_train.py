@@ -67,6 +67,31 @@ def test_resume_after_ctrl_c_ends_where_the_uninterrupted_run_ends(tmp_path):
     assert steps == [4, 8, 12]  # nothing logged twice, nothing missing
 
 
+def test_resume_after_a_kill_continues_from_the_periodic_checkpoint(tmp_path, monkeypatch):
+    """A killed process saves nothing on the way out: last.pt is the step-4 checkpoint and
+    metrics.jsonl may hold lines written after it. Resuming still ends where the whole run does."""
+    import posenc_cli.train as train_module
+
+    whole = train(tiny(), tmp_path / "whole")
+    real_save = train_module.save_checkpoint
+
+    def dies_after_step_4(path, state):
+        if state["step"] <= 4:
+            real_save(path, state)
+
+    monkeypatch.setattr(train_module, "save_checkpoint", dies_after_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny(), tmp_path / "killed", interrupt_at=10)
+    monkeypatch.setattr(train_module, "save_checkpoint", real_save)
+    assert torch.load(tmp_path / "killed" / "last.pt", weights_only=True)["step"] == 4
+    steps = [json.loads(line)["step"] for line in (tmp_path / "killed" / "metrics.jsonl").open()]
+    assert steps == [4, 8]  # step 8 was logged after the checkpoint the resume starts from
+    resumed = train(tiny(), tmp_path / "killed", resume=True)
+    assert val_only(resumed["final"]) == val_only(whole["final"])
+    steps = [json.loads(line)["step"] for line in (tmp_path / "killed" / "metrics.jsonl").open()]
+    assert steps == [4, 8, 12]
+
+
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     real_add = Tally.add
     calls = {"n": 0}

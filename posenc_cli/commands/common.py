@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from rich.console import Console
 
@@ -11,12 +11,12 @@ from posenc_cli.errors import UsageError
 console = Console()
 
 
-class Format(str, Enum):
+class Format(StrEnum):
     table = "table"
     json = "json"
 
 
-class CompareFormat(str, Enum):
+class CompareFormat(StrEnum):
     table = "table"
     json = "json"
     md = "md"
