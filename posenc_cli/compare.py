@@ -8,6 +8,7 @@ column is marked. A sweep's output directory stands for all the runs below it.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -51,6 +52,11 @@ def group_label(result: dict[str, Any], run_dir: Path) -> str:
     return " ".join([label, *swept])
 
 
+def natural_key(label: str) -> list:
+    """``max_distance=8`` before ``max_distance=16``: numbers compare as numbers."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", label)]
+
+
 def summarise(values: list[float]) -> dict[str, float]:
     return {
         "mean": statistics.fmean(values),
@@ -67,7 +73,7 @@ def compare(paths: list[Path]) -> dict[str, Any]:
         by_group[group_label(result, run)].append(result)
     groups: dict[str, dict] = {}
     lengths: set[str] = set()
-    for label, results in by_group.items():
+    for label, results in sorted(by_group.items(), key=lambda item: natural_key(item[0])):
         table: dict[str, dict] = {}
         for length in results[0]["lengths"]:
             cells = [r["lengths"].get(length, {}) for r in results]
