@@ -92,3 +92,26 @@ def test_encoding_built_for_another_head_shape_is_refused():
 
     with pytest.raises(ValueError, match="head_dim=64 but the attention has heads=2, head_dim=8"):
         Attention(16, 2, build_encoding("alibi", heads=2))
+
+
+@pytest.mark.parametrize("name", ["t5", "deberta", "xl"])
+def test_flash_and_explicit_paths_agree_on_output_and_gradients(name, monkeypatch):
+    """Attention picks the explicit path for small learned biases and the flash path with a
+    separate bias gradient for large ones; both must give the same numbers."""
+    import posenc_cli.models.attention as module
+    from posenc_cli.encodings import build_encoding
+
+    results = []
+    for limit in (0, 10**9):
+        monkeypatch.setattr(module, "EXPLICIT_MAX_PAIRS", limit)
+        torch.manual_seed(0)
+        enc = build_encoding(name, dim=16, heads=2, head_dim=8, causal=True).double()
+        att = Attention(16, 2, enc, causal=True).double()
+        x = torch.randn(2, 9, 16, dtype=torch.float64, requires_grad=True)
+        out = att(x)
+        grads = torch.autograd.grad(out.square().sum(), [x, *att.parameters()])
+        results.append((out, grads))
+    (a, ga), (b, gb) = results
+    torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9)
+    for x, y in zip(ga, gb, strict=True):
+        torch.testing.assert_close(x, y, atol=1e-9, rtol=1e-9)

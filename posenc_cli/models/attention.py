@@ -25,6 +25,12 @@ from posenc_cli.errors import UsageError
 from posenc_cli.models.biased_sdpa import biased_attention
 from posenc_cli.models.window import window_attention
 
+# Below this many (query, key) pairs a learned bias is cheaper on the explicit softmax path than
+# on the flash kernel plus a separate bias-gradient pass (benchmarks/irpe_overhead.py --explicit:
+# at DeiT-Ti shape, N = 197, 1.31x -> 0.99x of no bias; T5 at B=4, H=8, N=384: 1.45x -> 1.32x);
+# from N = 512 on the flash path wins (T5: 1.49x against 1.78x).
+EXPLICIT_MAX_PAIRS = 384 * 384
+
 
 def attention_mask(
     q_pos: Tensor, k_pos: Tensor, causal: bool, key_mask: Tensor | None
@@ -127,7 +133,8 @@ class Attention(nn.Module):
         bias = self.encoding.bias(q, k, q_pos, k_pos)  # (B|1, H, N, Nk) or None
         mask = attention_mask(q_pos, k_pos, self.causal, key_mask)
         drop = self.dropout if self.training else 0.0
-        if self.encoding.uses_value:
+        small = N * Nk <= EXPLICIT_MAX_PAIRS and bias is not None and bias.requires_grad
+        if self.encoding.uses_value or small:
             out = self.manual(q, k, v, bias, mask, scale, drop, q_pos, k_pos)
         else:
             plain_causal = self.causal and key_mask is None and N == Nk
