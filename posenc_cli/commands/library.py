@@ -62,7 +62,7 @@ def viz_bias(
     Example: posenc viz-bias t5 num_buckets=16 --length 48 --out t5.png
     """
     from posenc_cli.bias_maps import positional_logits, toeplitz_error
-    from posenc_cli.encodings import build_encoding
+    from posenc_cli.encodings import build_encoding, encoding_class
     from posenc_cli.params import parse_assignments
 
     for name, value in (("--length", length), ("--heads", heads), ("--head-dim", head_dim)):
@@ -71,6 +71,11 @@ def viz_bias(
     if out is not None and out.suffix.lower() != ".png":
         raise UsageError(f"--out {out}: give a file name ending in .png")
     user = parse_assignments(params or [])
+    if encoding_class(encoding).dims == 2:
+        raise UsageError(
+            f"viz-bias draws sequence encodings; for {encoding} use "
+            f"`posenc viz-buckets {encoding} --grid 14x14`"
+        )
     enc = build_encoding(
         encoding, dim=heads * head_dim, heads=heads, head_dim=head_dim, **user
     ).eval()
