@@ -34,7 +34,7 @@ def train_command(
     Example: posenc train quickstart train.steps=300 --out runs/quick
     """
     from posenc_cli.config import dump_recipe, expand_sweep, load_recipe
-    from posenc_cli.experiments import default_out, run_recipe
+    from posenc_cli.experiments import default_out, is_main_process, run_recipe
     from posenc_cli.train import TrainingStopped
 
     resolved = load_recipe(recipe, list(overrides or []))
@@ -56,6 +56,8 @@ def train_command(
         print(f"error: {stop}", file=sys.stderr)
         raise typer.Exit(1) from None
     base = out or default_out(resolved)
+    if not is_main_process():  # under torchrun only rank 0 reports
+        return
     if len(dirs) > 1:
         from posenc_cli.compare import compare
 
