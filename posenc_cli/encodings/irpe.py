@@ -328,8 +328,11 @@ class ImageRPE(PositionEncoding):
                 if self.mode == "bias":
                     terms.append(table[:, idx.T][None])  # (1, H|1, Nq, Nk)
                 else:
-                    per_key = gather_buckets(self._per_bucket(k, table), idx)  # (B, H, Nk, Nq)
-                    terms.append(per_key.transpose(-2, -1))
+                    # gather straight into (query, key) order: a transposed (B, H, Nq, Nk) term
+                    # would make the sum and its backward stride across memory
+                    per_key = self._per_bucket(k, table).transpose(-2, -1)  # (B, H, nb, Nk)
+                    index = idx.T.contiguous().expand(*per_key.shape[:-2], -1, -1)
+                    terms.append(per_key.gather(-2, index))  # (B, H, Nq, Nk)
         if not terms:
             return None
         total = terms[0]
