@@ -84,18 +84,21 @@ def compare(paths: list[Path]) -> dict[str, Any]:
             table[length] = {m: summarise([c[m] for c in cells]) for m in METRICS}
         groups[label] = {"seeds": sorted(r["seed"] for r in results), "lengths": table}
     ordered = sorted(lengths, key=int)
-    best: dict[str, dict[str, str]] = {}
+    best: dict[str, dict[str, list[str]]] = {}
     for length in ordered:
         best[length] = {}
         for metric in METRICS:
-            scored = [
-                (g["lengths"][length][metric]["mean"], label)
+            scored = {
+                label: g["lengths"][length][metric]["mean"]
                 for label, g in groups.items()
                 if length in g["lengths"] and metric in g["lengths"][length]
-            ]
-            if scored:
-                pick = min if metric in LOWER_IS_BETTER else max
-                best[length][metric] = pick(scored)[1]
+            }
+            if not scored:
+                continue
+            top = (min if metric in LOWER_IS_BETTER else max)(scored.values())
+            winners = [label for label, value in scored.items() if value == top]
+            # a tie across every group (all 0.000, say) singles nobody out
+            best[length][metric] = winners if len(winners) < len(scored) else []
     return {"lengths": ordered, "groups": groups, "best": best}
 
 
@@ -114,6 +117,8 @@ def markdown(result: dict[str, Any], metric: str) -> str:
         cells = []
         for n in lengths:
             text = cell(g["lengths"].get(n, {"error": ""}), metric)
-            cells.append(f"**{text}**" if result["best"].get(n, {}).get(metric) == label else text)
+            cells.append(
+                f"**{text}**" if label in result["best"].get(n, {}).get(metric, []) else text
+            )
         lines.append(f"| {label} | {len(g['seeds'])} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -181,7 +181,7 @@ def show_comparison(result, metric: str, format: CompareFormat) -> None:
         cells = []
         for n in result["lengths"]:
             text = cell(g["lengths"].get(n, {"error": ""}), metric)
-            best = result["best"].get(n, {}).get(metric) == label
+            best = label in result["best"].get(n, {}).get(metric, [])
             cells.append(f"[bold green]{text}[/]" if best else text)
         table.add_row(label, str(len(g["seeds"])), *cells)
     console.print(table)
