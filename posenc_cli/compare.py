@@ -82,7 +82,11 @@ def compare(paths: list[Path]) -> dict[str, Any]:
                 table[length] = {"error": next(c["error"] for c in cells if "error" in c)}
                 continue
             table[length] = {m: summarise([c[m] for c in cells]) for m in METRICS}
-        groups[label] = {"seeds": sorted(r["seed"] for r in results), "lengths": table}
+        groups[label] = {
+            "seeds": sorted(r["seed"] for r in results),
+            "train_lengths": results[0].get("train_lengths"),
+            "lengths": table,
+        }
     ordered = sorted(lengths, key=int)
     best: dict[str, dict[str, list[str]]] = {}
     for length in ordered:

@@ -157,7 +157,12 @@ def compare_command(
                 [g["lengths"][n][metric]["mean"] for n in ns],
                 [g["lengths"][n][metric]["std"] for n in ns],
             )
-        save_length_curves(series, metric, "posenc compare: " + ", ".join(map(str, runs)), out)
+        trained = {
+            tuple(g["train_lengths"]) for g in result["groups"].values() if g["train_lengths"]
+        }
+        shade = trained.pop() if len(trained) == 1 else None  # shade only a range all runs share
+        title = "posenc compare: " + ", ".join(map(str, runs))
+        save_length_curves(series, metric, title, out, shade)
     show_comparison(result, metric, format)
     if out is not None and format is CompareFormat.table:
         console.print(f"wrote {out}")
