@@ -6,9 +6,10 @@ noisy machine slows all of them alike; each number is the median over rounds of
 ``blocked_autorange`` medians. Nothing here is asserted; the README quotes what this prints.
 
 ``--explicit`` adds, for every iRPE variant, the same layer forced onto the attention module's
-explicit softmax path (the path it takes for value terms): without a value term the module
-otherwise sends the learned bias through ``biased_attention`` (flash forward, bias gradient
-recomputed in the backward), and the two rows show what that choice costs at this size.
+explicit softmax path (the path it takes for value terms). Without a value term the module picks
+that path by itself below ``EXPLICIT_MAX_PAIRS`` (so at the default size the two rows agree) and
+above it sends the learned bias through ``biased_attention`` (flash forward, bias gradient
+recomputed in the backward); with ``--side`` the rows show where the crossover lies.
 ``--wait-idle S`` waits (up to S seconds, Linux only) before each measurement until no other
 process keeps the CPUs busy: on a shared 2-core machine one foreign process can slow a 2-thread
 measurement tenfold, and not evenly across variants.
