@@ -48,7 +48,7 @@ def evaluate_stream(model, task, segment: int, device, max_segments: int = 64) -
         window = stream[begin : begin + segment + 1][None].to(device)
         with autocast(device):
             out = model(window[:, :-1], memory=memory)
-        tally.add(out.logits, window[:, 1:], "lm")
+        tally.add(out.logits, window[:, 1:])
         memory = out.memory
     return tally.summary()
 

@@ -96,7 +96,7 @@ def evaluate_length(
         mask = None if batch.key_mask is None else batch.key_mask.to(device)
         with autocast(device):
             out = model(batch.tokens.to(device), key_mask=mask, offset=offset)
-        tally.add(out.logits, batch.targets.to(device), task.kind)
+        tally.add(out.logits, batch.targets.to(device))
     model.train()
     return tally.summary()
 
@@ -199,7 +199,7 @@ def train(
                         key_mask=None if key_mask is None else key_mask.to(device),
                         memory=memory,
                     )
-                loss = train_tally.add(output.logits, targets.to(device), task.kind)
+                loss = train_tally.add(output.logits, targets.to(device))
                 value = float(loss.detach())
                 if not math.isfinite(value):
                     kept = f"step {start}" if start else "none yet"

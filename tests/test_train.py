@@ -96,8 +96,8 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch
     real_add = Tally.add
     calls = {"n": 0}
 
-    def poisoned(self, logits, targets, kind):
-        loss = real_add(self, logits, targets, kind)
+    def poisoned(self, logits, targets):
+        loss = real_add(self, logits, targets)
         calls["n"] += 1
         return loss * float("nan") if calls["n"] == 7 else loss
 
