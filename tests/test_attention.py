@@ -13,7 +13,9 @@ def reference(q, k, v, bias, scale):
     return ((q @ k.transpose(-2, -1)) * scale + bias).softmax(-1) @ v
 
 
-@pytest.mark.parametrize("bias_shape", [(1, 3, 7, 11), (2, 3, 7, 11), (2, 1, 7, 11), (1, 1, 7, 11)])
+@pytest.mark.parametrize(
+    "bias_shape", [(1, 3, 7, 11), (2, 3, 7, 11), (2, 1, 7, 11), (1, 1, 7, 11), (2, 3, 1, 11)]
+)
 def test_biased_attention_matches_autograd_reference(bias_shape):
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(2, 3, 7, 8, generator=gen, dtype=torch.float64, requires_grad=True)
@@ -29,6 +31,23 @@ def test_biased_attention_matches_autograd_reference(bias_shape):
     g_got = torch.autograd.grad((got * weights).sum(), (q, k, v, bias))
     g_want = torch.autograd.grad((want * weights).sum(), (q, k, v, bias))
     for a, b in zip(g_got, g_want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9)
+
+
+def test_a_bias_broadcast_over_queries_survives_chunking(monkeypatch):
+    """Chunks past the first query row must still see a (B, H, 1, Nk) bias."""
+    import posenc_cli.models.biased_sdpa as module
+
+    monkeypatch.setattr(module, "CHUNK_ELEMENTS", 1)
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (
+        torch.randn(1, 2, 5, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+        for _ in range(3)
+    )
+    bias = torch.randn(1, 2, 1, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    got = torch.autograd.grad(biased_attention(q, k, v, bias, 0.5).sum(), (q, bias))
+    want = torch.autograd.grad(reference(q, k, v, bias, 0.5).sum(), (q, bias))
+    for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9)
 
 

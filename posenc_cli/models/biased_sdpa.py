@@ -55,14 +55,21 @@ class _FlashBiasAttention(torch.autograd.Function):
             # contiguous once: otherwise every chunk's matmul copies all of k and v again
             q, k, v, grad_out = (t.contiguous() for t in (q, k, v, grad_out))
             k_t, v_t = k.transpose(-2, -1), v.transpose(-2, -1)
+            # a bias broadcast over queries or keys is sliced as its full (.., N, Nk) view;
+            # reduce_to sums the gradient back to its shape at the end
+            full = bias.expand(*bias.shape[:2], N, Nk)
             dbias = torch.empty(
-                *(1 if i in batch_dims else q.shape[i] for i in (0, 1)), N, Nk, dtype=q.dtype
+                *(1 if i in batch_dims else q.shape[i] for i in (0, 1)),
+                N,
+                Nk,
+                dtype=q.dtype,
+                device=q.device,
             )
             for s in range(0, N, step):
                 rows = slice(s, s + step)
                 # in place where possible: these (B, H, c, Nk) blocks are the whole cost
                 prob = torch.matmul(q[:, :, rows], k_t).mul_(scale)
-                prob.add_(bias[:, :, rows]).sub_(lse[:, :, rows, None]).exp_()
+                prob.add_(full[:, :, rows]).sub_(lse[:, :, rows, None]).exp_()
                 dscore = torch.matmul(grad_out[:, :, rows], v_t)
                 dscore.sub_(row_dot[:, :, rows]).mul_(prob)  # (B, H, c, Nk)
                 block = dscore.sum(dim=batch_dims, keepdim=True) if batch_dims else dscore
@@ -72,7 +79,7 @@ class _FlashBiasAttention(torch.autograd.Function):
 
 
 def biased_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
-    """``softmax(q k^T * scale + bias) v`` with ``bias`` ``(B|1, H|1, Nq, Nk)``, no dropout."""
+    """``softmax(q k^T * scale + bias) v`` with ``bias`` ``(B|1, H|1, Nq|1, Nk|1)``, no dropout."""
     usable = (
         bias.requires_grad
         and q.device.type == "cpu"
