@@ -11,6 +11,7 @@ import json
 import re
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -113,16 +114,23 @@ def cell(stats: dict, metric: str) -> str:
     return f"{s['mean']:.3f} ± {s['std']:.3f}" if s["n"] > 1 else f"{s['mean']:.3f}"
 
 
+def rows(result: dict[str, Any], metric: str, mark: Callable[[str], str]) -> list[list[str]]:
+    """One row per group: label, seed count, then each length's cell, ``mark`` applied to the
+    best; shared by the Markdown and the terminal tables."""
+    out = []
+    for label, g in result["groups"].items():
+        cells = []
+        for n in result["lengths"]:
+            text = cell(g["lengths"].get(n, {"error": ""}), metric)
+            cells.append(mark(text) if label in result["best"].get(n, {}).get(metric, []) else text)
+        out.append([label, str(len(g["seeds"])), *cells])
+    return out
+
+
 def markdown(result: dict[str, Any], metric: str) -> str:
     lengths = result["lengths"]
     head = "| encoding | seeds | " + " | ".join(f"n={n}" for n in lengths) + " |"
     lines = [head, "|" + "---|" * (len(lengths) + 2)]
-    for label, g in result["groups"].items():
-        cells = []
-        for n in lengths:
-            text = cell(g["lengths"].get(n, {"error": ""}), metric)
-            cells.append(
-                f"**{text}**" if label in result["best"].get(n, {}).get(metric, []) else text
-            )
-        lines.append(f"| {label} | {len(g['seeds'])} | " + " | ".join(cells) + " |")
+    for row in rows(result, metric, lambda text: f"**{text}**"):
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from pathlib import Path
 
 from rich.console import Console
 
@@ -34,3 +35,9 @@ def int_list(text: str | None, option: str) -> list[int] | None:
     if not values or min(values) < 1:
         raise UsageError(f"{option} {text!r}: every value must be at least 1")
     return values
+
+
+def check_png(out: Path | None) -> None:
+    """``--out`` must name a PNG file: say so before any work is done."""
+    if out is not None and out.suffix.lower() != ".png":
+        raise UsageError(f"--out {out}: give a file name ending in .png")

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from posenc_cli.commands.common import Format, console
+from posenc_cli.commands.common import Format, check_png, console
 from posenc_cli.errors import UsageError
 
 
@@ -68,8 +68,7 @@ def viz_bias(
     for name, value in (("--length", length), ("--heads", heads), ("--head-dim", head_dim)):
         if value < 1:
             raise UsageError(f"{name} must be at least 1, got {value}")
-    if out is not None and out.suffix.lower() != ".png":
-        raise UsageError(f"--out {out}: give a file name ending in .png")
+    check_png(out)
     user = parse_assignments(params or [])
     if encoding_class(encoding).dims == 2:
         raise UsageError(
@@ -144,8 +143,7 @@ def viz_buckets(
 
     if length < 1:
         raise UsageError(f"--length must be at least 1, got {length}")
-    if out is not None and out.suffix.lower() != ".png":
-        raise UsageError(f"--out {out}: give a file name ending in .png")
+    check_png(out)
     user = parse_assignments(params or [])
     two_d = encoding_class(encoding).dims == 2
     if all_methods and encoding != "irpe":

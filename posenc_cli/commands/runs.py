@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from posenc_cli.commands.common import CompareFormat, Format, console, int_list
+from posenc_cli.commands.common import CompareFormat, Format, check_png, console, int_list
 from posenc_cli.errors import UsageError
 
 
@@ -81,8 +81,7 @@ def evaluate_command(
     """
     from posenc_cli.evaluate import evaluate_run
 
-    if out is not None and out.suffix.lower() != ".png":
-        raise UsageError(f"--out {out}: give a file name ending in .png")
+    check_png(out)
     result = evaluate_run(run_dir, list(overrides or []), int_list(lengths, "--lengths"), shift)
     if out is not None:
         from posenc_cli.plots import save_length_curves
@@ -143,8 +142,7 @@ def compare_command(
 
     if metric not in METRICS:
         raise UsageError(f"--metric {metric!r}: choose one of {', '.join(METRICS)}")
-    if out is not None and out.suffix.lower() != ".png":
-        raise UsageError(f"--out {out}: give a file name ending in .png")
+    check_png(out)
     result = compare(runs)
     if out is not None:
         from posenc_cli.plots import save_length_curves
@@ -169,7 +167,7 @@ def compare_command(
 
 
 def show_comparison(result, metric: str, format: CompareFormat) -> None:
-    from posenc_cli.compare import cell, markdown
+    from posenc_cli.compare import markdown, rows
 
     if format is CompareFormat.json:
         print(json.dumps(result))
@@ -182,11 +180,6 @@ def show_comparison(result, metric: str, format: CompareFormat) -> None:
     table.add_column("seeds", justify="right")
     for n in result["lengths"]:
         table.add_column(f"n={n}", justify="right")
-    for label, g in result["groups"].items():
-        cells = []
-        for n in result["lengths"]:
-            text = cell(g["lengths"].get(n, {"error": ""}), metric)
-            best = label in result["best"].get(n, {}).get(metric, [])
-            cells.append(f"[bold green]{text}[/]" if best else text)
-        table.add_row(label, str(len(g["seeds"])), *cells)
+    for row in rows(result, metric, lambda text: f"[bold green]{text}[/]"):
+        table.add_row(*row)
     console.print(table)
