@@ -35,6 +35,11 @@ class World:
         return bool(t.item())
 
 
+def is_main_process() -> bool:
+    """Rank 0, or the only process; readable before the process group exists."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def start(device: torch.device) -> World:
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size == 1:

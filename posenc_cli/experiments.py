@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from rich.console import Console
 
 from posenc_cli.checkpoint import atomic_write_json
 from posenc_cli.config import Recipe, expand_sweep
+from posenc_cli.distributed import is_main_process
 from posenc_cli.evaluate import evaluate_run
 from posenc_cli.train import train
 
@@ -16,10 +16,6 @@ from posenc_cli.train import train
 def default_out(recipe: Recipe) -> Path:
     name = Path(recipe.source).with_suffix("").name if recipe.source else "run"
     return Path("runs") / name
-
-
-def is_main_process() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
 
 
 def run_recipe(recipe: Recipe, out: Path | None, resume: bool, console: Console) -> list[Path]:

@@ -34,7 +34,8 @@ def train_command(
     Example: posenc train quickstart train.steps=300 --out runs/quick
     """
     from posenc_cli.config import dump_recipe, expand_sweep, load_recipe
-    from posenc_cli.experiments import default_out, is_main_process, run_recipe
+    from posenc_cli.distributed import is_main_process
+    from posenc_cli.experiments import default_out, run_recipe
     from posenc_cli.train import TrainingStopped
 
     resolved = load_recipe(recipe, list(overrides or []))
