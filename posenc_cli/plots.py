@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import matplotlib
@@ -13,6 +14,7 @@ from matplotlib.patches import Rectangle  # noqa: E402
 
 from posenc_cli.bias_maps import BiasMap  # noqa: E402
 from posenc_cli.bucket_maps import BucketMap  # noqa: E402
+from posenc_cli.checkpoint import atomic_write_bytes  # noqa: E402
 
 
 def save_bias_maps(maps: list[BiasMap], title: str, out: Path, max_heads: int = 8) -> Path:
@@ -98,11 +100,13 @@ def save_bucket_maps(maps: list[BucketMap], title: str, out: Path) -> Path:
 
 
 def _save(fig, out: Path) -> Path:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
+    """Render in memory, then write atomically: never a half-written picture under the
+    user's name."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
-    tmp.replace(out)  # never leave a half-written picture under the user's name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out, buffer.getvalue())
     return out
 
 
