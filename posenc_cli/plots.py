@@ -133,3 +133,36 @@ def save_length_curves(
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return _save(fig, out)
+
+
+def save_loglog(
+    series: dict[str, tuple[list[int], list[float]]],
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    out: Path,
+    slopes: dict[str, float | None] | None = None,
+) -> Path:
+    """A cost against problem size on log-log axes, one line per encoding, with the fitted
+    exponent in the legend and dotted N^1 and N^2 guides through the first point of the first
+    line."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for label, (sizes, values) in series.items():
+        slope = (slopes or {}).get(label)
+        tag = f"{label} (N^{slope:.2f})" if slope is not None else label
+        ax.plot(sizes, values, marker="o", label=tag)
+    first = next((s for s in series.values() if s[0]), None)
+    if first is not None:
+        x0, y0 = first[0][0], first[1][0]
+        xs = np.asarray(sorted({x for s, _ in series.values() for x in s}), dtype=float)
+        for power, style in ((1, ":"), (2, "--")):
+            ax.plot(xs, y0 * (xs / x0) ** power, style, color="grey", lw=0.8, label=f"N^{power}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=6, loc="upper left", ncol=2)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return _save(fig, out)

@@ -1,0 +1,200 @@
+"""``posenc profile``: FLOPs, memory and latency of encodings, and how they grow with size."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import torch
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from posenc_cli.commands.common import Format, console, int_list
+from posenc_cli.errors import UsageError
+
+DEFAULT_LENGTHS = [128, 256, 512, 1024]
+
+
+def resolve_encodings(
+    compare: str | None, default: str, compatible: list[str], check
+) -> list[str]:
+    """The encodings to measure; ``check(name)`` raises the target's own reason for a misfit."""
+    from posenc_cli.encodings import encoding_class
+
+    if compare is None:
+        return [default]
+    if compare.strip() == "all":
+        return compatible
+    names = [n.strip() for n in compare.split(",") if n.strip()]
+    if not names:
+        raise UsageError("--compare: name encodings separated by commas, or all")
+    for name in names:
+        encoding_class(name)  # unknown names get the registry's one-line answer
+        check(name)
+        if name not in compatible:
+            raise UsageError(
+                f"--compare: {name!r} does not fit this target; choose from {', '.join(compatible)}"
+            )
+    return names
+
+
+def build_workload(target: str | None, overrides: list[str], layer: str | None, dim, heads, window):
+    from posenc_cli.encodings import ENCODINGS
+    from posenc_cli.profiling.workloads import LayerWorkload, RecipeWorkload
+
+    if layer is not None:
+        if layer != "attention":
+            raise UsageError(f"--layer {layer!r}: the only layer is 'attention'")
+        if target is not None or overrides:
+            raise UsageError("--layer attention takes no recipe; drop the recipe or --layer")
+        if window is not None and (window < 1 or window % 2 == 0):
+            raise UsageError(f"--window {window}: give an odd number of patches, e.g. 7")
+        workload = LayerWorkload(dim=dim, heads=heads, window=window)
+        if window is not None:
+            compatible = [n for n, c in ENCODINGS.items() if c.dims == 2 or n == "none"]
+        else:
+            compatible = list(ENCODINGS)
+        return workload, "none", compatible
+    if target is None:
+        raise UsageError("give a recipe or a run directory, or --layer attention")
+    from posenc_cli.config import load_recipe
+
+    path = Path(target)
+    if path.is_dir():
+        if not (path / "recipe.yaml").is_file():
+            raise UsageError(f"{target}: not a run directory (no recipe.yaml); give a recipe")
+        target = str(path / "recipe.yaml")
+    recipe = load_recipe(target, [*overrides, "sweep=null"])
+    compatible = [n for n, c in ENCODINGS.items() if c.dims == 1]
+    return RecipeWorkload(recipe, [*overrides, "sweep=null"]), recipe.encoding.name, compatible
+
+
+def profile_command(
+    target: Annotated[
+        str | None,
+        typer.Argument(help="Recipe file, shipped name (text/base) or run directory."),
+    ] = None,
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="Dotted KEY=VALUE overrides, e.g. model.dim=128.")
+    ] = None,
+    lengths: Annotated[
+        str | None, typer.Option("--lengths", help="Sequence lengths, e.g. 256,512,1024.")
+    ] = None,
+    batch: Annotated[int, typer.Option("--batch", help="Batch size.")] = 1,
+    mode: Annotated[
+        str, typer.Option("--mode", help="forward (inference) or train (forward + backward).")
+    ] = "forward",
+    compare: Annotated[
+        str | None,
+        typer.Option("--compare", help="Encodings side by side (ENC,ENC,...) or all."),
+    ] = None,
+    layer: Annotated[
+        str | None, typer.Option("--layer", help="attention: one attention layer, no recipe.")
+    ] = None,
+    dim: Annotated[int, typer.Option("--dim", help="--layer: model width.")] = 256,
+    heads: Annotated[int, typer.Option("--heads", help="--layer: attention heads.")] = 4,
+    window: Annotated[
+        int | None, typer.Option("--window", help="--layer: local k x k window attention.")
+    ] = None,
+    rounds: Annotated[int, typer.Option("--rounds", help="Interleaved timing rounds.")] = 3,
+    min_time: Annotated[float, typer.Option("--min-time", help="Seconds per timed block.")] = 0.1,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    format: Annotated[Format, typer.Option("--format", help="table or json.")] = Format.table,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Folder for profile.json and log-log PNGs.")
+    ] = None,
+) -> None:
+    """Measure what encodings cost (parameters, FLOPs, peak memory, latency) over sizes.
+
+    Example: posenc profile --layer attention --compare all --lengths 256,512,1024,2048
+    """
+    from posenc_cli.checkpoint import atomic_write_json
+    from posenc_cli.profiling.memory import MEMORY_METHOD
+    from posenc_cli.profiling.report import (
+        cost_table,
+        document,
+        ratio_table,
+        selection_rows,
+        selection_table,
+        speed_table,
+        write_plots,
+    )
+    from posenc_cli.profiling.sweep import Sweep
+    from posenc_cli.train import pick_device
+
+    if mode not in ("forward", "train"):
+        raise UsageError(f"--mode {mode!r}: choose forward or train")
+    if rounds < 1 or min_time <= 0:
+        raise UsageError("--rounds must be >= 1 and --min-time > 0")
+    if device not in ("auto", "cpu", "cuda"):
+        raise UsageError(f"--device {device!r}: choose auto, cpu or cuda")
+    if out is not None and out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: is a file; give a folder for profile.json and the plots")
+    sizes = int_list(lengths, "--lengths")
+    workload, default, compatible = build_workload(
+        target, list(overrides or []), layer, dim, heads, window
+    )
+    if sizes is None:
+        sizes = DEFAULT_LENGTHS if layer else list(workload.recipe.eval.lengths)
+    if layer:
+        workload.largest = max(sizes)
+    encodings = resolve_encodings(compare, default, compatible, workload.check)
+    dev = pick_device(device)
+    sweep = Sweep(
+        workload.subject,
+        encodings,
+        sizes,
+        mode=mode,  # type: ignore[arg-type]
+        batch=batch,
+        device=dev,
+        rounds=rounds,
+        min_time=min_time,
+    )
+    names = set(encodings) | {"none"}
+    err = Console(stderr=True)
+    with Progress(
+        TextColumn("[bold]profile"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=err,
+    ) as progress:
+        bar = progress.add_task("", total=len(sizes) * (len(names) + 1))
+        results = sweep.run(lambda what: progress.update(bar, advance=1, description=what))
+        progress.update(bar, completed=len(sizes) * (len(names) + 1))
+
+    meta = {
+        "target": workload.label,
+        "mode": mode,
+        "batch": batch,
+        "sizes": sizes,
+        "size_unit": "tokens",
+        "device": str(dev),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "memory_method": MEMORY_METHOD[dev.type],
+        "timing": f"median of {rounds} interleaved rounds of {min_time}s blocks",
+        "selection": selection_rows(results, sizes)
+        if compare and compare.strip() == "all"
+        else None,
+    }
+    doc = document(meta, results)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out / "profile.json", doc)
+        write_plots(results, out, workload.label, "tokens N")
+    if format == Format.json:
+        print(json.dumps(doc, indent=2))
+        return
+    title = f"{workload.label}, {mode}, batch {batch}, {dev}"
+    console.print(cost_table(results, title))
+    console.print(speed_table(results))
+    if len(sizes) > 1:
+        console.print(ratio_table(results, sizes))
+    if meta["selection"]:
+        console.print(selection_table(meta["selection"]))
+    if out is not None:
+        console.print(f"wrote {out / 'profile.json'} and log-log plots in {out}")

@@ -1,0 +1,193 @@
+"""What ``posenc profile`` measures: one attention layer, or the model a recipe builds.
+
+A ``Workload`` builds a ``Subject`` per encoding; a subject makes the input for a problem size
+and runs a forward pass. Sizes are sequence lengths for text (tokens = length) and for the
+attention layer; for a 2D encoding on the attention layer a length N becomes the most nearly
+square grid with N patches (512 -> 16 x 32), so 1D and 2D encodings see the same token count.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from posenc_cli.encodings import build_encoding, encoding_class
+from posenc_cli.encodings.base import PositionEncoding, grid_positions
+from posenc_cli.errors import UsageError
+from posenc_cli.models.attention import Attention
+
+
+class Subject(Protocol):
+    module: nn.Module
+
+    def inputs(self, size: int, batch: int, device: torch.device) -> tuple: ...
+
+    def forward(self, inputs: tuple) -> Tensor: ...
+
+    def tokens(self, size: int) -> int: ...
+
+
+def encoding_parameters(module: nn.Module) -> int:
+    """Parameters that belong to position encodings (each counted once)."""
+    seen: set[int] = set()
+    total = 0
+    for sub in module.modules():
+        if isinstance(sub, PositionEncoding):
+            for p in sub.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    total += p.numel()
+    return total
+
+
+def near_square(n: int) -> tuple[int, int]:
+    """The factor pair ``(h, w)`` of ``n`` with ``h <= w`` closest to a square."""
+    h = math.isqrt(n)
+    while n % h:
+        h -= 1
+    return h, n // h
+
+
+class AttentionLayer(nn.Module):
+    """The input embedding of absolute encodings, then one attention layer."""
+
+    def __init__(
+        self, dim: int, heads: int, encoding: str, params: dict[str, Any], window: int | None
+    ) -> None:
+        super().__init__()
+        self.encoding = build_encoding(
+            encoding, dim=dim, heads=heads, head_dim=dim // heads, **params
+        )
+        self.attention = Attention(dim, heads, self.encoding, window=window)
+        self.dim = dim
+
+    def positions(self, size: int, device: torch.device) -> Tensor:
+        if self.encoding.dims == 2 or self.attention.window is not None:
+            return grid_positions(*near_square(size), device=device)
+        return torch.arange(size, device=device)
+
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        x = self.encoding.embed(x, positions)
+        return self.attention(x, positions=positions)
+
+
+@dataclass
+class LayerSubject:
+    module: AttentionLayer
+
+    def inputs(self, size: int, batch: int, device: torch.device) -> tuple:
+        x = torch.randn(batch, size, self.module.dim, device=device)
+        return x, self.module.positions(size, device)
+
+    def forward(self, inputs: tuple) -> Tensor:
+        return self.module(*inputs)
+
+    def tokens(self, size: int) -> int:
+        return size
+
+
+@dataclass
+class LayerWorkload:
+    """``--layer attention``: one attention layer of ``dim`` and ``heads``."""
+
+    dim: int = 256
+    heads: int = 4
+    window: int | None = None
+    largest: int = 0  # the largest size profiled: learned tables are built to cover it
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per encoding
+
+    def __post_init__(self) -> None:
+        if self.dim < 1 or self.heads < 1 or self.dim % self.heads:
+            raise UsageError(
+                f"--dim {self.dim} must be a positive multiple of --heads {self.heads}"
+            )
+
+    @property
+    def label(self) -> str:
+        window = f", window {self.window}" if self.window else ""
+        return f"attention layer (dim {self.dim}, heads {self.heads}{window})"
+
+    def check(self, encoding: str) -> None:
+        cls = encoding_class(encoding)
+        if self.window is not None and cls.dims != 2 and encoding != "none":
+            raise UsageError(
+                f"--window needs an image encoding or none; {encoding!r} is a sequence "
+                "encoding (drop --window or compare 2D encodings)"
+            )
+
+    def subject(self, encoding: str) -> LayerSubject:
+        self.check(encoding)
+        params = {**self.table_size(encoding), **self.params.get(encoding, {})}
+        return LayerSubject(AttentionLayer(self.dim, self.heads, encoding, params, self.window))
+
+    def table_size(self, encoding: str) -> dict[str, Any]:
+        """Learned tables (absolute, Swin) sized for the largest input, no class token: the
+        profile measures cost; whether an encoding runs past its trained length is another
+        question (the ``extrapolates`` column)."""
+        if not self.largest:
+            return {}
+        height, width = near_square(self.largest)
+        return {
+            "learned": {"length": self.largest},
+            "learned2d": {"height": height, "width": width, "prefix_tokens": 0},
+            "swin": {"height": height, "width": width},
+        }.get(encoding, {})
+
+
+@dataclass
+class TextSubject:
+    module: nn.Module
+    vocab: int
+
+    def inputs(self, size: int, batch: int, device: torch.device) -> tuple:
+        gen = torch.Generator().manual_seed(size)
+        return (torch.randint(0, self.vocab, (batch, size), generator=gen).to(device),)
+
+    def forward(self, inputs: tuple) -> Tensor:
+        return self.module(*inputs).logits
+
+    def tokens(self, size: int) -> int:
+        return size
+
+
+@dataclass
+class RecipeWorkload:
+    """The model of a text recipe (or of a run's saved recipe), with its encoding swapped."""
+
+    recipe: Any  # posenc_cli.config.Recipe
+    overrides: list[str]
+
+    @property
+    def label(self) -> str:
+        m = self.recipe.model
+        return (
+            f"{self.recipe.source}: {self.recipe.data.task} model "
+            f"(dim {m.dim}, depth {m.depth}, heads {m.heads})"
+        )
+
+    @property
+    def encoding(self) -> str:
+        return self.recipe.encoding.name
+
+    def check(self, encoding: str) -> None:
+        if encoding_class(encoding).dims != 1:
+            raise UsageError(
+                f"{encoding!r} is an image encoding; a text recipe takes sequence encodings"
+            )
+
+    def subject(self, encoding: str) -> TextSubject:
+        from posenc_cli.config import load_recipe
+        from posenc_cli.data import build_task
+        from posenc_cli.models.text import build_text_model
+
+        self.check(encoding)
+        recipe = self.recipe
+        if encoding != recipe.encoding.name:
+            recipe = load_recipe(recipe.source, [*self.overrides, f"encoding.name={encoding}"])
+        task = build_task(recipe.data)
+        model = build_text_model(recipe.model, recipe.encoding, task)
+        return TextSubject(model, task.vocab_size)
