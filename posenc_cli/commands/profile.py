@@ -17,9 +17,7 @@ from posenc_cli.errors import UsageError
 DEFAULT_LENGTHS = [128, 256, 512, 1024]
 
 
-def resolve_encodings(
-    compare: str | None, default: str, compatible: list[str], check
-) -> list[str]:
+def resolve_encodings(compare: str | None, default: str, compatible: list[str], check) -> list[str]:
     """The encodings to measure; ``check(name)`` raises the target's own reason for a misfit."""
     from posenc_cli.encodings import encoding_class
 
