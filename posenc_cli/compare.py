@@ -18,7 +18,12 @@ from typing import Any
 from posenc_cli.errors import UsageError
 
 METRICS = ("token_accuracy", "exact_match", "loss", "perplexity")
+IMAGE_METRICS = ("top1", "top5", "loss")  # columns: image side in px, "+K" for a K px shift
 LOWER_IS_BETTER = {"loss", "perplexity"}
+
+
+def metrics_of(kind: str) -> tuple[str, ...]:
+    return IMAGE_METRICS if kind == "image" else METRICS
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
@@ -74,6 +79,11 @@ def compare(paths: list[Path]) -> dict[str, Any]:
         by_group[group_label(result, run)].append(result)
     groups: dict[str, dict] = {}
     lengths: set[str] = set()
+    kinds = {r.get("kind", "text") for results in by_group.values() for r in results}
+    if len(kinds) > 1:
+        raise UsageError("these runs mix text and image experiments; compare one kind at a time")
+    kind = kinds.pop() if kinds else "text"
+    metrics = metrics_of(kind)
     for label, results in sorted(by_group.items(), key=lambda item: natural_key(item[0])):
         table: dict[str, dict] = {}
         for length in results[0]["lengths"]:
@@ -82,17 +92,17 @@ def compare(paths: list[Path]) -> dict[str, Any]:
             if any("error" in c for c in cells):
                 table[length] = {"error": next(c["error"] for c in cells if "error" in c)}
                 continue
-            table[length] = {m: summarise([c[m] for c in cells]) for m in METRICS}
+            table[length] = {m: summarise([c[m] for c in cells]) for m in metrics}
         groups[label] = {
             "seeds": sorted(r["seed"] for r in results),
             "train_lengths": results[0].get("train_lengths"),
             "lengths": table,
         }
-    ordered = sorted(lengths, key=int)
+    ordered = sorted(lengths, key=natural_key)
     best: dict[str, dict[str, list[str]]] = {}
     for length in ordered:
         best[length] = {}
-        for metric in METRICS:
+        for metric in metrics:
             scored = {
                 label: g["lengths"][length][metric]["mean"]
                 for label, g in groups.items()
@@ -104,7 +114,14 @@ def compare(paths: list[Path]) -> dict[str, Any]:
             winners = [label for label, value in scored.items() if value == top]
             # a tie across every group (all 0.000, say) singles nobody out
             best[length][metric] = winners if len(winners) < len(scored) else []
-    return {"lengths": ordered, "groups": groups, "best": best}
+    return {"kind": kind, "lengths": ordered, "groups": groups, "best": best}
+
+
+def column_title(result: dict[str, Any], key: str) -> str:
+    if result.get("kind") != "image":
+        return f"n={key}"
+    size, _, shift = key.partition("+")
+    return f"{size}px" + (f" +{shift}" if shift else "")
 
 
 def cell(stats: dict, metric: str) -> str:
@@ -129,7 +146,7 @@ def rows(result: dict[str, Any], metric: str, mark: Callable[[str], str]) -> lis
 
 def markdown(result: dict[str, Any], metric: str) -> str:
     lengths = result["lengths"]
-    head = "| encoding | seeds | " + " | ".join(f"n={n}" for n in lengths) + " |"
+    head = "| encoding | seeds | " + " | ".join(column_title(result, n) for n in lengths) + " |"
     lines = [head, "|" + "---|" * (len(lengths) + 2)]
     for row in rows(result, metric, lambda text: f"**{text}**"):
         lines.append("| " + " | ".join(row) + " |")

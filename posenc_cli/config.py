@@ -44,6 +44,7 @@ from typing import Any, Literal
 import torch
 import yaml
 
+from posenc_cli import config_image
 from posenc_cli.data import TASKS
 from posenc_cli.encodings import ENCODINGS, build_encoding, check_params, user_params
 from posenc_cli.errors import UsageError
@@ -51,6 +52,9 @@ from posenc_cli.params import close_match, convert, parse_assignments
 
 if typing.TYPE_CHECKING:  # importlib.resources.abc is 3.11+; only the annotations need it
     from importlib.resources.abc import Traversable
+
+
+Kind = Literal["text", "image"]
 
 
 def _causal(task: str) -> bool:
@@ -107,11 +111,13 @@ class EvalConfig:
 @dataclass
 class Recipe:
     seed: int = 0
-    model: ModelConfig = field(default_factory=ModelConfig)
+    # the sections below are the text ones for kind "text", config_image's for "image"
+    model: Any = field(default_factory=ModelConfig)
     encoding: EncodingConfig = field(default_factory=EncodingConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
+    data: Any = field(default_factory=DataConfig)
+    train: Any = field(default_factory=TrainConfig)
+    eval: Any = field(default_factory=EvalConfig)
+    kind: Kind = "text"
     sweep: dict[str, list] | None = None  # dotted key -> values; runs = cartesian product
     # provenance, not content: two recipes with the same settings are equal
     source: str = field(default="", compare=False)  # the recipe as named by the user
@@ -124,7 +130,9 @@ SECTIONS: dict[str, type] = {
     "train": TrainConfig,
     "eval": EvalConfig,
 }
-TOP_KEYS = ("extends", "seed", "model", "encoding", "data", "train", "eval", "sweep")
+# A recipe's ``kind`` picks the classes its sections are read into.
+KINDS: dict[str, dict[str, type]] = {"text": SECTIONS, "image": config_image.SECTIONS}
+TOP_KEYS = ("extends", "kind", "seed", "model", "encoding", "data", "train", "eval", "sweep")
 
 Tree = dict[str, Any]  # a recipe before conversion: {"seed": .., "model": {..}, ..., "sweep": ..}
 
@@ -163,9 +171,14 @@ def shipped_recipes() -> dict[str, Traversable]:
 class _Where:
     """Builds the one-line errors: the recipe's name, the key, and where the key was set."""
 
-    def __init__(self, label: str) -> None:
+    def __init__(self, label: str, kind: str = "text") -> None:
         self.label = label
+        self.kind = kind  # the recipe's kind decides which keys exist
         self.origins: dict[str, str] = {}  # dotted key -> "set in text/base", ...
+
+    @property
+    def sections(self) -> dict[str, type]:
+        return KINDS[self.kind]
 
     def error(self, key: str, problem: str, origin: str | None = None) -> UsageError:
         """``origin`` None: where ``key`` was set, as recorded; "" for the recipe itself."""
@@ -274,20 +287,33 @@ def _parse_yaml(source: _Source, where: _Where) -> Any:
 
 
 def _chain(source: _Source, where: _Where, seen: tuple[_Source, ...] = ()) -> list[tuple]:
-    """``[(origin, layer), ...]`` with the deepest ``extends`` first; a cycle is an error."""
+    """``[(origin, raw layer, folder), ...]`` with the deepest ``extends`` first; a cycle is an
+    error. Layers are checked later, once the chain has told the recipe's kind."""
     if source.identity in (s.identity for s in seen):
         loop = " -> ".join(s.label for s in (*seen, source))
         raise UsageError(
             f"recipe {where.label}: extends: cycle {loop}; remove one of these extends"
         )
     origin = "" if source.label == where.label else f"set in {source.label}"
-    layer = _check_layer(_parse_yaml(source, where), origin, where)
+    raw = _parse_yaml(source, where)
     base = source.path.parent if source.path is not None else Path.cwd()
-    _absolute_corpus(layer, base)
-    if "extends" not in layer:
-        return [(origin, layer)]
-    parent = _find_parent(layer.pop("extends"), source, where, origin)
-    return [*_chain(parent, where, (*seen, source)), (origin, layer)]
+    if not isinstance(raw, dict) or "extends" not in raw:
+        return [(origin, raw, base)]
+    raw = dict(raw)
+    parent = _find_parent(raw.pop("extends"), source, where, origin)
+    return [*_chain(parent, where, (*seen, source)), (origin, raw, base)]
+
+
+def _kind(chain: list[tuple], where: _Where) -> str:
+    """The last ``kind`` the chain sets (``text`` if none)."""
+    kind, origin = "text", ""
+    for layer_origin, raw, _ in chain:
+        if isinstance(raw, dict) and "kind" in raw:
+            kind, origin = raw["kind"], layer_origin
+    if kind not in KINDS:
+        hint = close_match(str(kind), KINDS)
+        raise where.error("kind", f"unknown kind {kind!r}{hint}; valid: {_valid(KINDS)}", origin)
+    return kind
 
 
 def _absolute_corpus(layer: Tree, base: Path) -> None:
@@ -315,7 +341,7 @@ def _check_layer(raw: Any, origin: str, where: _Where) -> Tree:
         if key not in TOP_KEYS:
             hint = close_match(key, TOP_KEYS)
             raise where.error(key, f"unknown key{hint}; valid: {_valid(TOP_KEYS)}", origin)
-        if key in SECTIONS or key == "encoding":
+        if key in where.sections or key == "encoding":
             value = {} if value is None else value
             if not isinstance(value, dict):
                 raise where.error(
@@ -331,7 +357,7 @@ def _check_layer(raw: Any, origin: str, where: _Where) -> Tree:
                 )
             value = {str(k): v for k, v in value.items()}
             for sub in value:
-                if sub.partition(".")[0] in ("sweep", "extends"):
+                if sub.partition(".")[0] in ("sweep", "extends", "kind"):
                     raise where.error(f"sweep.{sub}", f"{sub} cannot be swept", origin)
                 _check_key(sub, where, origin, f"sweep.{sub}")
         layer[key] = value
@@ -342,27 +368,28 @@ def _check_key(dotted: str, where: _Where, origin: str, name: str | None = None)
     """``dotted`` names a setting (``seed``, ``model.dim``, ``encoding.ANY``); else an error."""
     name = name or dotted
     section, _, rest = dotted.partition(".")
-    if section == "seed" and not rest:
+    if section in ("seed", "kind") and not rest:
         return
+    sections = where.sections
     if section == "encoding" and rest and "." not in rest:
         return  # encoding parameters are checked against the final encoding name
-    if section in SECTIONS and rest:
-        fields = [f.name for f in dataclasses.fields(SECTIONS[section])]
+    if section in sections and rest:
+        fields = [f.name for f in dataclasses.fields(sections[section])]
         if rest not in fields:
             hint = close_match(rest, fields)
             raise where.error(name, f"unknown key{hint}; valid: {_valid(fields)}", origin)
         return
-    if section in SECTIONS or section == "encoding":
-        example = f"{section}.{_example(section)}"
+    if section in sections or section == "encoding":
+        example = f"{section}.{_example(section, sections)}"
         raise where.error(name, f"expected {section}.KEY, for example {example}", origin)
-    keys = ["seed", *SECTIONS, "encoding"]
+    keys = ["seed", *sections, "encoding"]
     raise where.error(
         name, f"unknown key{close_match(section, keys)}; valid: {_valid(keys)}", origin
     )
 
 
-def _example(section: str) -> str:
-    return "name" if section == "encoding" else dataclasses.fields(SECTIONS[section])[0].name
+def _example(section: str, sections: dict[str, type]) -> str:
+    return "name" if section == "encoding" else dataclasses.fields(sections[section])[0].name
 
 
 def _flat_keys(layer: Tree) -> list[str]:
@@ -371,7 +398,7 @@ def _flat_keys(layer: Tree) -> list[str]:
     for key, value in layer.items():
         if key == "seed":
             keys.append(key)
-        elif key in SECTIONS or key == "encoding":
+        elif isinstance(value, dict) and key != "sweep":
             keys.extend(f"{key}.{sub}" for sub in value)
     return keys
 
@@ -405,7 +432,7 @@ def _merge(tree: Tree, layer: Tree, origin: str, where: _Where, notes: list[str]
             tree["seed"] = value
         elif key == "encoding":
             _merge_encoding(tree["encoding"], value, where, notes)
-        elif key in SECTIONS:
+        elif isinstance(value, dict) and key != "sweep":  # a section
             tree[key].update(value)
         elif key == "sweep":
             if value is None:
@@ -449,8 +476,8 @@ def _dropped(key: str, value: Any, where: _Where, name: Any) -> str:
 # ----------------------------------------------------------------------------- building
 
 
-def _empty_tree() -> Tree:
-    return {"seed": 0, "encoding": {}, "sweep": None, **{name: {} for name in SECTIONS}}
+def _empty_tree(sections: dict[str, type]) -> Tree:
+    return {"seed": 0, "encoding": {}, "sweep": None, **{name: {} for name in sections}}
 
 
 def _section(cls: type, values: dict[str, Any], name: str, where: _Where) -> Any:
@@ -462,14 +489,16 @@ def _section(cls: type, values: dict[str, Any], name: str, where: _Where) -> Any
 
 
 def _encoding(values: dict[str, Any], where: _Where) -> EncodingConfig:
-    name = where.converted(values.get("name", EncodingConfig.name), str, "encoding.name")
+    default = EncodingConfig.name if where.kind == "text" else "learned2d"
+    name = where.converted(values.get("name", default), str, "encoding.name")
     one_d = [n for n, cls in ENCODINGS.items() if cls.dims == 1]
+    valid = one_d if where.kind == "text" else list(ENCODINGS)
     if name not in ENCODINGS:
         raise where.error(
             "encoding.name",
-            f"unknown encoding {name!r}{close_match(name, one_d)}; valid: {_valid(one_d)}",
+            f"unknown encoding {name!r}{close_match(name, valid)}; valid: {_valid(valid)}",
         )
-    if ENCODINGS[name].dims != 1:
+    if where.kind == "text" and ENCODINGS[name].dims != 1:
         raise where.error(
             "encoding.name",
             f"{name!r} is a 2D (image grid) encoding; text tasks need a 1D one: {_valid(one_d)}",
@@ -492,14 +521,14 @@ def _encoding(values: dict[str, Any], where: _Where) -> EncodingConfig:
     return EncodingConfig(name=name, params=params)
 
 
-def _key_type(dotted: str) -> Any:
+def _key_type(dotted: str, sections: dict[str, type]) -> Any:
     """The declared type of a dotted key; ``Any`` for encoding parameters (name-dependent)."""
     section, _, rest = dotted.partition(".")
     if section == "seed":
         return int
     if section == "encoding":
         return str if rest == "name" else Any
-    return typing.get_type_hints(SECTIONS[section])[rest]
+    return typing.get_type_hints(sections[section])[rest]
 
 
 def _sweep(grid: dict[str, Any] | None, where: _Where) -> dict[str, list] | None:
@@ -510,9 +539,9 @@ def _sweep(grid: dict[str, Any] | None, where: _Where) -> dict[str, list] | None
         where_key = f"sweep.{key}"
         if not isinstance(values, list) or not values:
             raise where.error(where_key, f"expected a non-empty list of values, got {values!r}")
-        kind = _key_type(key)
+        declared = _key_type(key, where.sections)
         # a list-valued setting is swept over lists: [[8, 16], [32]]
-        converted = [where.converted(v, kind, where_key) for v in values]
+        converted = [where.converted(v, declared, where_key) for v in values]
         names = [_format(v) for v in converted]
         for i, text in enumerate(names):
             if text in names[:i]:
@@ -522,18 +551,28 @@ def _sweep(grid: dict[str, Any] | None, where: _Where) -> dict[str, list] | None
 
 
 def _build(tree: Tree, where: _Where, notes: list[str], source: str) -> Recipe:
+    sections = where.sections
     recipe = Recipe(
         seed=where.converted(tree["seed"], int, "seed"),
-        model=_section(ModelConfig, tree["model"], "model", where),
+        model=_section(sections["model"], tree["model"], "model", where),
         encoding=_encoding(tree["encoding"], where),
-        data=_section(DataConfig, tree["data"], "data", where),
-        train=_section(TrainConfig, tree["train"], "train", where),
-        eval=_section(EvalConfig, tree["eval"], "eval", where),
+        data=_section(sections["data"], tree["data"], "data", where),
+        train=_section(sections["train"], tree["train"], "train", where),
+        eval=_section(sections["eval"], tree["eval"], "eval", where),
+        kind=where.kind,  # type: ignore[arg-type]
         sweep=_sweep(tree.get("sweep"), where),
         source=source,
         notes=list(notes),
     )
-    _validate(recipe, where)
+    if recipe.kind == "image":
+        config_image.validate(recipe, where.error)
+        try:
+            with torch.random.fork_rng(devices=[]):
+                config_image.build_encoding_once(recipe)
+        except UsageError as err:
+            raise where.error("encoding", str(err)) from None
+    else:
+        _validate(recipe, where)
     return recipe
 
 
@@ -635,8 +674,13 @@ def load_recipe(ref: str | Path, overrides: typing.Sequence[str] = ()) -> Recipe
     convert and validate everything (every sweep run too); raises a one-line UsageError."""
     source = _find_recipe(str(ref))
     where = _Where(source.label)
-    tree, notes = _empty_tree(), []
-    for origin, layer in _chain(source, where):
+    chain = _chain(source, where)
+    where.kind = _kind(chain, where)
+    tree, notes = _empty_tree(where.sections), []
+    for origin, raw, base in chain:
+        layer = _check_layer(raw, origin, where)
+        layer.pop("kind", None)
+        _absolute_corpus(layer, base)
         _merge(tree, layer, origin, where, notes)
     if overrides:
         try:
@@ -645,7 +689,7 @@ def load_recipe(ref: str | Path, overrides: typing.Sequence[str] = ()) -> Recipe
             raise UsageError(f"recipe {source.label}: {err}") from None
         origin = "set by an override"
         for key in assignments:
-            if key == "extends":
+            if key in ("extends", "kind"):
                 raise where.error(key, "cannot be overridden; write a recipe that extends", origin)
             if key.partition(".")[0] != "sweep":
                 _check_key(key, where, origin)
@@ -683,7 +727,7 @@ def expand_sweep(recipe: Recipe) -> list[tuple[str, Recipe]]:
     runs = []
     for combo in itertools.product(*(recipe.sweep[k] for k in keys)):
         name = ",".join(f"{k}={_format(v)}" for k, v in zip(keys, combo, strict=True))
-        where = _Where(recipe.source or "recipe")
+        where = _Where(recipe.source or "recipe", recipe.kind)
         tree, notes = copy.deepcopy(base), list(recipe.notes)
         layer = _assignments_layer(dict(zip(keys, copy.deepcopy(combo), strict=True)))
         _merge(tree, layer, f"in sweep run {name}", where, notes)
@@ -725,7 +769,8 @@ def _to_tree(recipe: Recipe) -> Tree:
 
 def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
     """The resolved recipe as plain data: the encoding's parameters beside its name."""
-    out: dict[str, Any] = {"seed": recipe.seed, "model": dataclasses.asdict(recipe.model)}
+    out: dict[str, Any] = {} if recipe.kind == "text" else {"kind": recipe.kind}
+    out.update(seed=recipe.seed, model=dataclasses.asdict(recipe.model))
     out["encoding"] = {"name": recipe.encoding.name, **copy.deepcopy(recipe.encoding.params)}
     for name in ("data", "train", "eval"):
         out[name] = dataclasses.asdict(getattr(recipe, name))

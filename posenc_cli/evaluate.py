@@ -22,6 +22,19 @@ from posenc_cli.models.text import build_text_model
 from posenc_cli.train import autocast, evaluate_length, pick_device
 
 
+def run_kind(run_dir: Path) -> str:
+    """``text`` or ``image``, from the run's saved recipe (read as plain YAML: cheap)."""
+    import yaml
+
+    recipe_file = run_dir / "recipe.yaml"
+    if not recipe_file.is_file():
+        raise UsageError(
+            f"{run_dir}: not a run directory (no recipe.yaml); give a `posenc train` output folder"
+        )
+    raw = yaml.safe_load(recipe_file.read_text()) or {}
+    return raw.get("kind", "text") if isinstance(raw, dict) else "text"
+
+
 def load_run(run_dir: Path, overrides: list[str] = ()) -> tuple[Recipe, torch.nn.Module, Any]:
     recipe_file = run_dir / "recipe.yaml"
     if not recipe_file.is_file():

@@ -40,7 +40,11 @@ def resolve_encodings(compare: str | None, default: str, compatible: list[str], 
 
 def build_workload(target: str | None, overrides: list[str], layer: str | None, dim, heads, window):
     from posenc_cli.encodings import ENCODINGS
-    from posenc_cli.profiling.workloads import LayerWorkload, RecipeWorkload
+    from posenc_cli.profiling.workloads import (
+        ImageRecipeWorkload,
+        LayerWorkload,
+        RecipeWorkload,
+    )
 
     if layer is not None:
         if layer != "attention":
@@ -65,6 +69,9 @@ def build_workload(target: str | None, overrides: list[str], layer: str | None, 
             raise UsageError(f"{target}: not a run directory (no recipe.yaml); give a recipe")
         target = str(path / "recipe.yaml")
     recipe = load_recipe(target, [*overrides, "sweep=null"])
+    if recipe.kind == "image":
+        workload = ImageRecipeWorkload(recipe, [*overrides, "sweep=null"])
+        return workload, recipe.encoding.name, list(ENCODINGS)
     compatible = [n for n, c in ENCODINGS.items() if c.dims == 1]
     return RecipeWorkload(recipe, [*overrides, "sweep=null"]), recipe.encoding.name, compatible
 
@@ -79,6 +86,9 @@ def profile_command(
     ] = None,
     lengths: Annotated[
         str | None, typer.Option("--lengths", help="Sequence lengths, e.g. 256,512,1024.")
+    ] = None,
+    sizes_px: Annotated[
+        str | None, typer.Option("--sizes", help="Image recipes: sides in px, e.g. 224,384.")
     ] = None,
     batch: Annotated[int, typer.Option("--batch", help="Batch size.")] = 1,
     mode: Annotated[
@@ -130,11 +140,18 @@ def profile_command(
         raise UsageError(f"--device {device!r}: choose auto, cpu or cuda")
     if out is not None and out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: is a file; give a folder for profile.json and the plots")
-    sizes = int_list(lengths, "--lengths")
     workload, default, compatible = build_workload(
         target, list(overrides or []), layer, dim, heads, window
     )
-    if sizes is None:
+    image = not layer and workload.recipe.kind == "image"
+    if image and lengths is not None:
+        raise UsageError("an image recipe is profiled over --sizes (sides in px), not --lengths")
+    if not image and sizes_px is not None:
+        raise UsageError("--sizes is for image recipes; profile sequences over --lengths")
+    sizes = int_list(sizes_px if image else lengths, "--sizes" if image else "--lengths")
+    if sizes is None and image:
+        sizes = list(workload.recipe.eval.sizes) or [workload.recipe.data.image_size]
+    elif sizes is None:
         sizes = DEFAULT_LENGTHS if layer else list(workload.recipe.eval.lengths)
     if layer:
         workload.largest = max(sizes)
@@ -169,7 +186,7 @@ def profile_command(
         "mode": mode,
         "batch": batch,
         "sizes": sizes,
-        "size_unit": "tokens",
+        "size_unit": "px" if image else "tokens",
         "device": str(dev),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -191,7 +208,7 @@ def profile_command(
     console.print(cost_table(results, title))
     console.print(speed_table(results))
     if len(sizes) > 1:
-        console.print(ratio_table(results, sizes))
+        console.print(ratio_table(results, sizes, meta["size_unit"]))
     if meta["selection"]:
         console.print(selection_table(meta["selection"]))
     if out is not None:

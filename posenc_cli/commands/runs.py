@@ -60,9 +60,10 @@ def train_command(
     if not is_main_process():  # under torchrun only rank 0 reports
         return
     if len(dirs) > 1:
-        from posenc_cli.compare import compare
+        from posenc_cli.compare import compare, metrics_of
 
-        show_comparison(compare([base]), "token_accuracy", CompareFormat.table)
+        result = compare([base])
+        show_comparison(result, metrics_of(result["kind"])[0], CompareFormat.table)
     console.print(f"runs in {base}")
 
 
@@ -73,16 +74,28 @@ def evaluate_command(
     ] = None,
     lengths: Annotated[str | None, typer.Option("--lengths", help="e.g. 32,64,128,256")] = None,
     shift: Annotated[int | None, typer.Option("--shift", help="Add K to every position.")] = None,
+    sizes: Annotated[
+        str | None, typer.Option("--sizes", help="Image runs: sides in px, e.g. 32,48,64.")
+    ] = None,
+    shifts: Annotated[
+        str | None, typer.Option("--shifts", help="Image runs: translations in px, e.g. 0,4.")
+    ] = None,
     out: Annotated[Path | None, typer.Option("--out", help="PNG curve to write.")] = None,
     format: Annotated[Format, typer.Option("--format", help="table or json")] = Format.table,
 ) -> None:
-    """Score a run at the trained length and longer ones, optionally with positions shifted.
+    """Score a run at the trained length and longer ones, optionally with positions shifted;
+    an image run at other resolutions and on translated images.
 
     Example: posenc evaluate runs/quick --lengths 8,16,32,64 --shift 100
     """
-    from posenc_cli.evaluate import evaluate_run
+    from posenc_cli.evaluate import evaluate_run, run_kind
 
     check_png(out)
+    if run_kind(run_dir) == "image":
+        show_image_evaluation(run_dir, list(overrides or []), sizes, shifts, out, format)
+        return
+    if sizes is not None or shifts is not None:
+        raise UsageError("--sizes and --shifts are for image runs; use --lengths and --shift")
     result = evaluate_run(run_dir, list(overrides or []), int_list(lengths, "--lengths"), shift)
     if out is not None:
         from posenc_cli.plots import save_length_curves
@@ -125,11 +138,56 @@ def evaluate_command(
     console.print(table)
 
 
+def show_image_evaluation(run_dir, overrides, sizes, shifts, out, format) -> None:
+    from posenc_cli.evaluate_image import evaluate_image_run
+
+    shift_list = None
+    if shifts is not None:
+        shift_list = [int(v) for v in shifts.split(",")] if shifts.strip() else None
+        if shift_list is None or min(shift_list) < 0:
+            raise UsageError(f"--shifts {shifts!r}: give pixels >= 0 separated by commas, e.g. 0,4")
+    result = evaluate_image_run(run_dir, overrides, int_list(sizes, "--sizes"), shift_list)
+    if out is not None:
+        from posenc_cli.plots import save_length_curves
+
+        ok = {k: r for k, r in result["lengths"].items() if k.isdigit() and "error" not in r}
+        ns = sorted(ok, key=int)
+        save_length_curves(
+            {
+                result["encoding"]: (
+                    [int(n) for n in ns],
+                    [ok[n]["top1"] for n in ns],
+                    [0.0] * len(ns),
+                )
+            },
+            "top1",
+            f"{run_dir} (trained at {result['trained_size']} px)",
+            out,
+            (result["trained_size"], result["trained_size"]),
+        )
+    if format is Format.json:
+        print(json.dumps(result))
+        return
+    table = Table(title=f"{run_dir}: {result['encoding']}, trained at {result['trained_size']} px")
+    for column in ("side px + shift", "top-1 %", "top-5 %", "loss"):
+        table.add_column(column, justify="right")
+    for key, r in result["lengths"].items():
+        if "error" in r:
+            table.add_row(key, "cannot run", "", r["error"][:60])
+            continue
+        table.add_row(key, f"{r['top1']:.2f}", f"{r['top5']:.2f}", f"{r['loss']:.4f}")
+    console.print(table)
+
+
 def compare_command(
     runs: Annotated[list[Path], typer.Argument(help="Run or sweep directories.")],
     metric: Annotated[
-        str, typer.Option("--metric", help="token_accuracy, exact_match, loss, perplexity")
-    ] = "token_accuracy",
+        str | None,
+        typer.Option(
+            "--metric",
+            help="text: token_accuracy, exact_match, loss, perplexity; image: top1, top5, loss",
+        ),
+    ] = None,
     format: Annotated[
         CompareFormat, typer.Option("--format", help="table, json or md")
     ] = CompareFormat.table,
@@ -139,18 +197,27 @@ def compare_command(
 
     Example: posenc compare runs/extrapolation --format md --out extrapolation.png
     """
-    from posenc_cli.compare import METRICS, compare
+    from posenc_cli.compare import compare, metrics_of
 
-    if metric not in METRICS:
-        raise UsageError(f"--metric {metric!r}: choose one of {', '.join(METRICS)}")
     check_png(out)
+    known = dict.fromkeys([*metrics_of("text"), *metrics_of("image")])
+    if metric is not None and metric not in known:
+        raise UsageError(f"--metric {metric!r}: choose one of {', '.join(known)}")
     result = compare(runs)
+    valid = metrics_of(result["kind"])
+    metric = metric or valid[0]
+    if metric not in valid:
+        raise UsageError(f"--metric {metric!r}: choose one of {', '.join(valid)}")
     if out is not None:
         from posenc_cli.plots import save_length_curves
 
         series = {}
         for label, g in result["groups"].items():
-            ns = [n for n in result["lengths"] if "error" not in g["lengths"].get(n, {"error": 1})]
+            ns = [
+                n
+                for n in result["lengths"]
+                if n.isdigit() and "error" not in g["lengths"].get(n, {"error": 1})
+            ]  # shifted image columns ("32+4") are in the table, not on the size axis
             series[label] = (
                 [int(n) for n in ns],
                 [g["lengths"][n][metric]["mean"] for n in ns],
@@ -168,7 +235,7 @@ def compare_command(
 
 
 def show_comparison(result, metric: str, format: CompareFormat) -> None:
-    from posenc_cli.compare import markdown, rows
+    from posenc_cli.compare import column_title, markdown, rows
 
     if format is CompareFormat.json:
         print(json.dumps(result))
@@ -180,7 +247,7 @@ def show_comparison(result, metric: str, format: CompareFormat) -> None:
     table.add_column("encoding")
     table.add_column("seeds", justify="right")
     for n in result["lengths"]:
-        table.add_column(f"n={n}", justify="right")
+        table.add_column(column_title(result, n), justify="right")
     for row in rows(result, metric, lambda text: f"[bold green]{text}[/]"):
         table.add_row(*row)
     console.print(table)

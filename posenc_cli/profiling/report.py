@@ -73,7 +73,7 @@ def cost_table(results: list[Result], title: str) -> Table:
     """Counts, one row per encoding at the largest size it ran: what the model costs and what
     the encoding adds to it (differences from ``none`` at the same size)."""
     table = Table(title=title, title_justify="left")
-    for col in ("encoding", "N", "params", "+enc params", "GMACs", "+enc MMACs", "+enc Mops"):
+    for col in ("encoding", "size", "params", "+enc params", "GMACs", "+enc MMACs", "+enc Mops"):
         table.add_column(col, justify="left" if col == "encoding" else "right")
     for r in results:
         p = last_good(r)
@@ -101,18 +101,17 @@ def speed_table(results: list[Result]) -> Table:
     table = Table(
         title="memory and time (ratios to none measured in this run)", title_justify="left"
     )
-    for col in ("encoding", "N", "peak MB", "x none", "ms", "IQR", "x none", "mem exp", "time exp"):
+    for col in ("encoding", "peak MB", "x none", "ms", "IQR", "x none", "mem exp", "time exp"):
         table.add_column(col, justify="left" if col == "encoding" else "right")
     for r in results:
         p = last_good(r)
         if p is None:
-            table.add_row(r.encoding, "fails", *["-"] * 7)
+            table.add_row(r.encoding, "fails", *["-"] * 6)
             continue
         ms = "-" if p.time_median_s is None else f"{1e3 * p.time_median_s:.2f}"
         iqr = "-" if p.time_iqr_s is None else f"{1e3 * p.time_iqr_s:.2f}"
         table.add_row(
             r.encoding,
-            str(p.size),
             _mb(p.peak_bytes),
             _ratio(p.memory_ratio),
             ms,
@@ -124,13 +123,13 @@ def speed_table(results: list[Result]) -> Table:
     return table
 
 
-def ratio_table(results: list[Result], sizes: list[int]) -> Table:
+def ratio_table(results: list[Result], sizes: list[int], unit: str = "tokens") -> Table:
     """Time ratio to ``none`` at every size (memory ratio after the slash); "fails" where an
     encoding could not run."""
     table = Table(title="time / memory as a multiple of none, per size", title_justify="left")
     table.add_column("encoding")
     for size in sizes:
-        table.add_column(f"N={size}", justify="right")
+        table.add_column(f"{size}px" if unit == "px" else f"N={size}", justify="right")
     for r in results:
         cells = []
         for p in r.points:
@@ -212,7 +211,7 @@ def write_plots(results: list[Result], out: Path, label: str, size_name: str) ->
         for r in results:
             points = [p for p in r.points if getattr(p, key)]
             if points:
-                series[r.encoding] = ([p.size for p in points], [getattr(p, key) for p in points])
+                series[r.encoding] = ([p.tokens for p in points], [getattr(p, key) for p in points])
                 slopes[r.encoding] = getattr(r, slope_key) if slope_key else None
         if series:
             path = out / f"{stem}.png"

@@ -136,11 +136,10 @@ class Sweep:
                     point = results[name].points[-1]
                     point.time_median_s, point.time_iqr_s = lat.median, lat.iqr
             self.relate(results, names)
-        for result in results.values():
-            result.time_exponent = fit_exponent(
-                self.sizes, [p.time_median_s for p in result.points]
-            )
-            result.memory_exponent = fit_exponent(self.sizes, [p.peak_bytes for p in result.points])
+        for result in results.values():  # growth against the token count N
+            tokens = [p.tokens for p in result.points]
+            result.time_exponent = fit_exponent(tokens, [p.time_median_s for p in result.points])
+            result.memory_exponent = fit_exponent(tokens, [p.peak_bytes for p in result.points])
         return [results[name] for name in names if name in self.encodings or name == BASELINE]
 
     def measure(self, name: str, size: int) -> tuple[Point, Callable[[], None] | None]:

@@ -8,6 +8,7 @@ square grid with N patches (512 -> 16 x 32), so 1D and 2D encodings see the same
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -191,3 +192,61 @@ class RecipeWorkload:
         task = build_task(recipe.data)
         model = build_text_model(recipe.model, recipe.encoding, task)
         return TextSubject(model, task.vocab_size)
+
+
+# What a model needs from the data without reading it: classes and channels per data set.
+IMAGE_SHAPES = {
+    "digits": (10, 1),
+    "direction": (4, 3),
+    "cifar10": (10, 3),
+    "cifar100": (100, 3),
+    "folder": (1000, 3),  # an ImageNet-layout folder
+}
+
+
+@dataclass
+class ImageSubject:
+    module: nn.Module
+    channels: int
+    patch: int
+
+    def inputs(self, size: int, batch: int, device: torch.device) -> tuple:
+        gen = torch.Generator().manual_seed(size)
+        return (torch.randn(batch, self.channels, size, size, generator=gen).to(device),)
+
+    def forward(self, inputs: tuple) -> Tensor:
+        return self.module(*inputs)
+
+    def tokens(self, size: int) -> int:
+        return 1 + (size // self.patch) ** 2  # class token + patches
+
+
+@dataclass
+class ImageRecipeWorkload:
+    """The ViT of an image recipe, fed square images of each side; sizes are sides in px."""
+
+    recipe: Any
+    overrides: list[str]
+
+    @property
+    def label(self) -> str:
+        m = self.recipe.model
+        return f"{self.recipe.source}: {m.arch} on {self.recipe.data.dataset}"
+
+    def check(self, encoding: str) -> None:
+        encoding_class(encoding)
+
+    def subject(self, encoding: str) -> ImageSubject:
+        from posenc_cli.config import load_recipe
+        from posenc_cli.train_image import build_image_model
+
+        recipe = self.recipe
+        if encoding != recipe.encoding.name:
+            recipe = load_recipe(recipe.source, [*self.overrides, f"encoding.name={encoding}"])
+        if encoding == "none":  # the baseline has no position information at all
+            recipe = dataclasses.replace(
+                recipe, model=dataclasses.replace(recipe.model, absolute=False)
+            )
+        classes, channels = IMAGE_SHAPES.get(recipe.data.dataset, (1000, 3))
+        model = build_image_model(recipe, classes, channels, recipe.data.image_size)
+        return ImageSubject(model, channels, model.arch.patch_size)

@@ -1,0 +1,176 @@
+"""The sections of an image recipe (``kind: image``): a DeiT-style ViT on an image data set.
+
+The recipe loader (``config.py``) reads these dataclasses exactly as it reads the text ones:
+every value is converted by its declared type, every key checked by name. ``validate`` holds
+the rules a single field's type cannot say.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from posenc_cli.errors import UsageError
+
+
+@dataclass
+class ImageModelConfig:
+    arch: str = "vit_micro"  # a name of posenc_cli.models.vit.ARCHS
+    dim: int = 0  # 0 = the arch's own; the four below likewise
+    depth: int = 0
+    heads: int = 0
+    patch_size: int = 0
+    drop_path: float = 0.1  # stochastic depth, the rate of the last block (DeiT: 0.1)
+    dropout: float = 0.0
+    window: int = 0  # local k x k window attention; 0 = full attention
+    # DeiT's learned table in the model: added beside a relative encoding (as DeiT-iRPE does);
+    # with learned2d it is that encoding itself
+    absolute: bool = False
+
+
+@dataclass
+class ImageDataConfig:
+    dataset: str = "digits"  # a name of posenc_cli.data.images.IMAGE_DATASETS
+    root: str | None = None  # folder of CIFAR batches or of train/ and val/ class folders
+    image_size: int = 32  # the side the model is built and trained for
+    train_size: int | None = None  # procedural sizes or caps on real sets; None = default
+    val_size: int | None = None
+    seed: int = 0  # the data (split, scenes, subsets): the same for every model seed
+    randaugment: str | None = None  # timm string, e.g. rand-m9-mstd0.5-inc1
+    random_erasing: float = 0.0
+    hflip: float | None = None  # None = the data set's default (0 where a flip moves labels)
+    crop_scale: list[float] = field(default_factory=lambda: [0.08, 1.0])  # photos: random crop
+    interpolation: str = "bicubic"
+    shift: int = 0  # validation images moved this many pixels (evaluation sets it per shift)
+
+
+@dataclass
+class ImageTrainConfig:
+    epochs: int = 10
+    batch_size: int = 64
+    lr: float = 5e-4  # peak learning rate (DeiT: 5e-4 x batch / 512)
+    min_lr: float = 1e-5
+    weight_decay: float = 0.05
+    warmup_epochs: int = 1
+    label_smoothing: float = 0.1
+    mixup: float = 0.0  # Mixup alpha; 0 = off
+    cutmix: float = 0.0  # CutMix alpha; 0 = off
+    ema: bool = False  # keep an exponential moving average of the weights and score it
+    ema_decay: float = 0.9998
+    grad_clip: float = 0.0  # 0 = no clipping
+    workers: int = 0  # DataLoader worker processes
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+@dataclass
+class ImageEvalConfig:
+    sizes: list[int] = field(default_factory=list)  # image sides; empty = the trained size
+    shifts: list[int] = field(default_factory=lambda: [0])  # translated copies of val
+    batch_size: int = 256
+
+
+SECTIONS: dict[str, type] = {
+    "model": ImageModelConfig,
+    "data": ImageDataConfig,
+    "train": ImageTrainConfig,
+    "eval": ImageEvalConfig,
+}
+
+Error = Callable[[str, str], UsageError]  # (dotted key, problem) -> the one-line error
+
+LIMITS: list[tuple[str, Callable[[Any], bool], str]] = [
+    ("seed", lambda v: v >= 0, ">= 0"),
+    ("model.dim", lambda v: v >= 0, ">= 0 (0 = the arch's)"),
+    ("model.depth", lambda v: v >= 0, ">= 0 (0 = the arch's)"),
+    ("model.heads", lambda v: v >= 0, ">= 0 (0 = the arch's)"),
+    ("model.patch_size", lambda v: v >= 0, ">= 0 (0 = the arch's)"),
+    ("model.drop_path", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("model.dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("model.window", lambda v: v == 0 or (v > 0 and v % 2 == 1), "0 or an odd number"),
+    ("data.image_size", lambda v: v >= 1, ">= 1"),
+    ("data.random_erasing", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("data.shift", lambda v: v >= 0, ">= 0"),
+    ("train.epochs", lambda v: v >= 1, ">= 1"),
+    ("train.batch_size", lambda v: v >= 1, ">= 1"),
+    ("train.lr", lambda v: v > 0, "> 0"),
+    ("train.min_lr", lambda v: v >= 0, ">= 0"),
+    ("train.weight_decay", lambda v: v >= 0, ">= 0"),
+    ("train.warmup_epochs", lambda v: v >= 0, ">= 0"),
+    ("train.label_smoothing", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("train.mixup", lambda v: v >= 0, ">= 0 (0 = off)"),
+    ("train.cutmix", lambda v: v >= 0, ">= 0 (0 = off)"),
+    ("train.ema_decay", lambda v: 0 < v < 1, "in (0, 1)"),
+    ("train.grad_clip", lambda v: v >= 0, ">= 0 (0 = no clipping)"),
+    ("train.workers", lambda v: v >= 0, ">= 0"),
+    ("eval.batch_size", lambda v: v >= 1, ">= 1"),
+]
+
+
+def model_overrides(model: ImageModelConfig) -> dict[str, int]:
+    """The size settings a recipe changed from its arch (0 = keep the arch's)."""
+    keys = ("dim", "depth", "heads", "patch_size")
+    return {k: getattr(model, k) for k in keys if getattr(model, k)}
+
+
+def validate(recipe: Any, error: Error) -> None:
+    """Rules across fields; the model is sized (not built) to check the arch and the grid."""
+    from posenc_cli.data.images import IMAGE_DATASETS
+    from posenc_cli.models.vit import ARCHS, resolve_arch
+
+    for key, test, requirement in LIMITS:
+        value = recipe
+        for part in key.split("."):
+            value = getattr(value, part)
+        if not test(value):
+            raise error(key, f"must be {requirement}, got {value!r}")
+    model, data = recipe.model, recipe.data
+    if model.arch not in ARCHS:
+        from posenc_cli.params import close_match
+
+        raise error(
+            "model.arch",
+            f"unknown arch {model.arch!r}{close_match(model.arch, ARCHS)}; "
+            f"valid: {', '.join(ARCHS)}",
+        )
+    try:
+        size = resolve_arch(model.arch, model_overrides(model))
+    except UsageError as err:
+        raise error("model", str(err)) from None
+    for side_key, sides in (
+        ("data.image_size", [data.image_size]),
+        ("eval.sizes", recipe.eval.sizes),
+    ):
+        for side in sides:
+            if side < size.patch_size or side % size.patch_size:
+                raise error(
+                    side_key,
+                    f"{side} px is not a multiple of the patch size {size.patch_size}; "
+                    "pick a multiple or change model.patch_size",
+                )
+    if any(s < 0 for s in recipe.eval.shifts) or not recipe.eval.shifts:
+        raise error(
+            "eval.shifts", f"expected shifts >= 0 pixels, e.g. [0, 4], got {recipe.eval.shifts!r}"
+        )
+    if data.dataset not in IMAGE_DATASETS:
+        from posenc_cli.params import close_match
+
+        raise error(
+            "data.dataset",
+            f"unknown data set {data.dataset!r}{close_match(data.dataset, IMAGE_DATASETS)}; "
+            f"valid: {', '.join(IMAGE_DATASETS)}",
+        )
+    # data.root is checked when the data is read: a recipe for files elsewhere (ImageNet on a
+    # GPU machine) still loads here, for --dry-run and posenc profile
+
+
+def build_encoding_once(recipe: Any) -> None:
+    """Build the recipe's encoding as the model would (its width, heads and grid) to check
+    its parameters; raises the encoding's UsageError."""
+    from posenc_cli.encodings import build_encoding
+    from posenc_cli.models.vit import model_given_params, resolve_arch
+
+    size = resolve_arch(recipe.model.arch, model_overrides(recipe.model))
+    name = recipe.encoding.name
+    given = model_given_params(name, size, recipe.data.image_size // size.patch_size)
+    build_encoding(name, **{**given, **recipe.encoding.params})

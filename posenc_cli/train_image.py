@@ -1,0 +1,267 @@
+"""The image training loop: a ``kind: image`` recipe in, one run directory out.
+
+DeiT's recipe with timm's parts: AdamW without weight decay on biases, norms, the class token
+and the position tables (``create_optimizer_v2`` reads the model's ``no_weight_decay``), the
+cosine schedule with linear warm-up, updated every step (``CosineLRScheduler``), Mixup/CutMix
+with label smoothing (``Mixup`` + ``SoftTargetCrossEntropy``) or plain label smoothing, drop path,
+and an optional EMA of the weights (``ModelEmaV3``), which is then the model scored and kept.
+
+Checkpoints are taken at the end of every epoch, and a stopped run resumes from there (the
+partial epoch is redone): every source of randomness (shuffling, augmentation, Mixup,
+drop path) is seeded from (seed, epoch), so a run stopped and resumed ends with the numbers of
+the uninterrupted run. Checkpoints and logs are written like the text runs' (``train.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from torch.utils.data import DataLoader
+
+from posenc_cli.checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
+from posenc_cli.config import Recipe
+from posenc_cli.config_image import model_overrides
+from posenc_cli.train import (
+    TrainingStopped,
+    append_metrics,
+    autocast,
+    last_metrics,
+    pick_device,
+    prepare_directory,
+    truncate_metrics,
+    write_recipe,
+)
+
+
+def build_image_model(recipe: Recipe, num_classes: int, channels: int, image_size: int):
+    from posenc_cli.models.vit import build_vit
+
+    m = recipe.model
+    return build_vit(
+        m.arch,
+        encoding=recipe.encoding.name,
+        encoding_params=dict(recipe.encoding.params),
+        num_classes=num_classes,
+        img_size=image_size,
+        in_chans=channels,
+        drop_path=m.drop_path,
+        dropout=m.dropout,
+        window=m.window or None,
+        # DeiT's table beside a relative encoding; learned2d is that table already
+        absolute=m.absolute and recipe.encoding.name != "learned2d",
+        **model_overrides(m),
+    )
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    """Seed torch, numpy and random (timm's augmentations and Mixup use all three); returns a
+    generator for the data order."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+@torch.no_grad()
+def evaluate_images(model, loader: DataLoader, device: torch.device) -> dict[str, float]:
+    """Top-1, top-5 (in %) and the cross-entropy over ``loader``."""
+    model.eval()
+    correct1 = correct5 = seen = 0
+    loss = 0.0
+    for images, labels in loader:
+        images, labels = images.to(device), labels.to(device)
+        with autocast(device):
+            logits = model(images).float()
+        loss += float(F.cross_entropy(logits, labels, reduction="sum"))
+        top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices  # (B, 5)
+        correct1 += int((top[:, 0] == labels).sum())
+        correct5 += int((top == labels[:, None]).any(dim=-1).sum())
+        seen += len(labels)
+    return {
+        "top1": 100.0 * correct1 / seen,
+        "top5": 100.0 * correct5 / seen,
+        "loss": loss / seen,
+    }
+
+
+def make_criterion(cfg, num_classes: int):
+    """Mixup/CutMix with soft targets when either is on, else label-smoothed cross-entropy."""
+    from timm.data import Mixup
+    from timm.loss import SoftTargetCrossEntropy
+
+    if cfg.mixup > 0 or cfg.cutmix > 0:
+        mixup = Mixup(
+            mixup_alpha=cfg.mixup,
+            cutmix_alpha=cfg.cutmix,
+            label_smoothing=cfg.label_smoothing,
+            num_classes=num_classes,
+        )
+        return mixup, SoftTargetCrossEntropy()
+    return None, torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+
+
+def train_image(
+    recipe: Recipe,
+    out: Path,
+    resume: bool = False,
+    console: Console | None = None,
+    interrupt_at: int | None = None,
+) -> dict[str, Any]:
+    """Train an image recipe into ``out``; returns the summary. ``interrupt_at`` simulates a
+    Ctrl-C before that global step (tests use it)."""
+    from timm.optim import create_optimizer_v2
+    from timm.scheduler import CosineLRScheduler
+    from timm.utils import ModelEmaV3
+
+    from posenc_cli.data.images import build_image_data
+
+    console = console or Console(stderr=True)
+    cfg = recipe.train
+    device = pick_device(cfg.device)
+    prepare_directory(out, resume)
+    write_recipe(out, recipe)
+    data = build_image_data(recipe.data)
+    torch.manual_seed(recipe.seed)
+    model = build_image_model(recipe, data.num_classes, data.channels, data.image_size).to(device)
+    optimizer = create_optimizer_v2(model, opt="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
+    batch = min(cfg.batch_size, len(data.train))
+    per_epoch = max(1, len(data.train) // batch)  # drop_last: Mixup needs full, even batches
+    total = cfg.epochs * per_epoch
+    scheduler = CosineLRScheduler(
+        optimizer,
+        t_initial=total,
+        lr_min=cfg.min_lr,
+        warmup_t=cfg.warmup_epochs * per_epoch,
+        warmup_lr_init=min(1e-6, cfg.lr),
+        t_in_epochs=False,
+    )
+    ema = ModelEmaV3(model, decay=cfg.ema_decay) if cfg.ema else None
+    mixup, criterion = make_criterion(cfg, data.num_classes)
+    val_loader = DataLoader(data.val, batch_size=recipe.eval.batch_size, num_workers=cfg.workers)
+
+    last, best_path, log_path = out / "last.pt", out / "best.pt", out / "metrics.jsonl"
+    start_epoch, best = 0, -math.inf
+    if resume and last.is_file():
+        state = load_checkpoint(last)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        if ema is not None and state.get("ema"):
+            ema.module.load_state_dict(state["ema"])
+        start_epoch, best = int(state["epoch"]), float(state["best"])
+        truncate_metrics(log_path, start_epoch * per_epoch)
+
+    def checkpoint(path: Path, epoch: int) -> None:
+        save_checkpoint(
+            path,
+            {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "ema": None if ema is None else ema.module.state_dict(),
+                "epoch": epoch,
+                "best": best,
+            },
+        )
+
+    scored = model if ema is None else ema.module
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[stats]}"),
+        TimeRemainingColumn(),
+        console=console,
+    )
+    t0, images_seen = time.perf_counter(), 0
+    try:
+        with progress:
+            bar = progress.add_task(
+                out.name, total=total, completed=start_epoch * per_epoch, stats=""
+            )
+            for epoch in range(start_epoch, cfg.epochs):
+                order = seed_everything(recipe.seed * 1_000_003 + epoch)
+                loader = DataLoader(
+                    data.train,
+                    batch_size=batch,
+                    shuffle=True,
+                    drop_last=True,
+                    generator=order,
+                    num_workers=cfg.workers,
+                )
+                model.train()
+                losses = []
+                for i, (images, labels) in enumerate(loader):
+                    step = epoch * per_epoch + i
+                    if interrupt_at is not None and step == interrupt_at:
+                        raise KeyboardInterrupt
+                    images, labels = images.to(device), labels.to(device)
+                    if mixup is not None:
+                        images, labels = mixup(images, labels)
+                    with autocast(device):
+                        loss = criterion(model(images).float(), labels)
+                    value = float(loss.detach())
+                    if not math.isfinite(value):
+                        raise TrainingStopped(
+                            f"loss became {value} at step {step + 1}; the last good checkpoint "
+                            f"(epoch {epoch}) is kept in {out}; lower train.lr or set "
+                            "train.grad_clip"
+                        )
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if cfg.grad_clip > 0:
+                        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                    optimizer.step()
+                    scheduler.step_update(step + 1)
+                    if ema is not None:
+                        ema.update(model, step=step)
+                    losses.append(value)
+                    images_seen += len(images)
+                    progress.update(bar, completed=step + 1)
+                val = evaluate_images(scored, val_loader, device)
+                row = {
+                    "step": (epoch + 1) * per_epoch,
+                    "epoch": epoch + 1,
+                    "lr": optimizer.param_groups[0]["lr"],
+                    "train_loss": sum(losses) / len(losses),
+                    "images_per_s": images_seen / (time.perf_counter() - t0),
+                    **{f"val_{k}": v for k, v in val.items()},
+                }
+                append_metrics(log_path, row)
+                if val["top1"] > best:
+                    best = val["top1"]
+                    checkpoint(best_path, epoch + 1)
+                checkpoint(last, epoch + 1)
+                progress.update(
+                    bar,
+                    stats=f"loss {row['train_loss']:.3f}  val top-1 {val['top1']:.1f}%  "
+                    f"{row['images_per_s']:.0f} img/s",
+                )
+    except KeyboardInterrupt:
+        # last.pt already holds the end of the last finished epoch; the partial one is redone
+        raise
+    summary = {
+        "recipe": recipe.source,
+        "kind": "image",
+        "encoding": recipe.encoding.name,
+        "encoding_params": recipe.encoding.params,
+        "dataset": recipe.data.dataset,
+        "seed": recipe.seed,
+        "epochs": cfg.epochs,
+        "steps": total,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "encoding_parameters": model.encoding_parameters(),
+        "best_val_top1": best,
+        "image_size": data.image_size,
+        "device": device.type,
+        "final": last_metrics(log_path),
+    }
+    atomic_write_json(out / "summary.json", summary)
+    return summary
