@@ -147,10 +147,12 @@ def save_loglog(
     exponent in the legend and dotted N^1 and N^2 guides through the first point of the first
     line."""
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for label, (sizes, values) in series.items():
+    colors = plt.cm.tab20(np.linspace(0, 1, max(len(series), 2)))  # distinct past ten lines
+    for i, (label, (sizes, values)) in enumerate(series.items()):
         slope = (slopes or {}).get(label)
         tag = f"{label} (N^{slope:.2f})" if slope is not None else label
-        ax.plot(sizes, values, marker="o", label=tag)
+        marker = "osD^v<>"[i % 7]
+        ax.plot(sizes, values, marker=marker, color=colors[i], label=tag)
     first = next((s for s in series.values() if s[0]), None)
     if first is not None:
         x0, y0 = first[0][0], first[1][0]

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from posenc_cli.commands.common import Format, console, int_list
+from posenc_cli.commands.common import CompareFormat, console, int_list
 from posenc_cli.errors import UsageError
 
 DEFAULT_LENGTHS = [128, 256, 512, 1024]
@@ -106,10 +106,12 @@ def profile_command(
     window: Annotated[
         int | None, typer.Option("--window", help="--layer: local k x k window attention.")
     ] = None,
-    rounds: Annotated[int, typer.Option("--rounds", help="Interleaved timing rounds.")] = 3,
-    min_time: Annotated[float, typer.Option("--min-time", help="Seconds per timed block.")] = 0.1,
+    rounds: Annotated[int, typer.Option("--rounds", help="Interleaved timing rounds.")] = 5,
+    min_time: Annotated[float, typer.Option("--min-time", help="Seconds per timed block.")] = 0.15,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
-    format: Annotated[Format, typer.Option("--format", help="table or json.")] = Format.table,
+    format: Annotated[
+        CompareFormat, typer.Option("--format", help="table, json or md.")
+    ] = CompareFormat.table,
     out: Annotated[
         Path | None, typer.Option("--out", help="Folder for profile.json and log-log PNGs.")
     ] = None,
@@ -123,6 +125,7 @@ def profile_command(
     from posenc_cli.profiling.report import (
         cost_table,
         document,
+        markdown,
         ratio_table,
         selection_rows,
         selection_table,
@@ -153,8 +156,6 @@ def profile_command(
         sizes = list(workload.recipe.eval.sizes) or [workload.recipe.data.image_size]
     elif sizes is None:
         sizes = DEFAULT_LENGTHS if layer else list(workload.recipe.eval.lengths)
-    if layer:
-        workload.largest = max(sizes)
     encodings = resolve_encodings(compare, default, compatible, workload.check)
     dev = pick_device(device)
     sweep = Sweep(
@@ -201,8 +202,11 @@ def profile_command(
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_json(out / "profile.json", doc)
         write_plots(results, out, workload.label, "tokens N")
-    if format == Format.json:
+    if format is CompareFormat.json:
         print(json.dumps(doc, indent=2))
+        return
+    if format is CompareFormat.md:
+        print(markdown(results, meta["selection"]))
         return
     title = f"{workload.label}, {mode}, batch {batch}, {dev}"
     console.print(cost_table(results, title))

@@ -217,3 +217,42 @@ def write_plots(results: list[Result], out: Path, label: str, size_name: str) ->
             path = out / f"{stem}.png"
             written.append(save_loglog(series, size_name, ylabel, f"{label}: {stem}", path, slopes))
     return written
+
+
+def markdown(results: list[Result], selection: list[dict[str, Any]] | None) -> str:
+    """The measurements as Markdown tables (for a README), at the largest size each ran."""
+    lines = [
+        "| encoding | size | +enc params | GMACs | +enc MMACs | +enc Mops | peak MB (x none) "
+        "| ms (x none) | time exp | mem exp |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        p = last_good(r)
+        if p is None:
+            lines.append(f"| {r.encoding} | fails | | | | | | | | |")
+            continue
+        enc_macs = None if p.encoding_flops is None else p.encoding_flops // 2
+        enc_ops = (p.encoding_elementwise or 0) + (p.encoding_gathers or 0)
+        ms = "-" if p.time_median_s is None else f"{1e3 * p.time_median_s:.1f}"
+        lines.append(
+            f"| {r.encoding} | {p.size} | {r.encoding_parameters:,} | {_giga(p.macs)} "
+            f"| {_mega(enc_macs)} | {enc_ops / 1e6:.2f} | {_mb(p.peak_bytes)} "
+            f"({_ratio(p.memory_ratio)}) | {ms} ({_ratio(p.time_ratio)}) "
+            f"| {_exp(r.time_exponent)} | {_exp(r.memory_exponent)} |"
+        )
+    if not selection:
+        return "\n".join(lines)
+    lines += [
+        "",
+        "| encoding | article: compute | time x none | article: long sequences | memory x none "
+        "| growth (time / memory) | runs past trained length |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in selection:
+        lines.append(
+            f"| {row['encoding']} | {row['article_compute']} | {_ratio(row['time_ratio'])} "
+            f"| {row['article_long_sequences']} | {_ratio(row['memory_ratio'])} "
+            f"| N^{_exp(row['time_exponent'])} / N^{_exp(row['memory_exponent'])} "
+            f"| {'yes' if row['extrapolates'] else 'no'} |"
+        )
+    return "\n".join(lines)

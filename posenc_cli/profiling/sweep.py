@@ -91,7 +91,7 @@ def make_step(subject: Subject, inputs: tuple, mode: Mode) -> Callable[[], None]
 
 @dataclass
 class Sweep:
-    build: Callable[[str], Subject]  # encoding name -> subject
+    build: Callable[[str, int], Subject]  # (encoding name, size) -> subject
     encodings: list[str]
     sizes: list[int]
     mode: Mode = "forward"
@@ -112,7 +112,7 @@ class Sweep:
         results = {name: Result(name) for name in names}
         for name in names:
             torch.manual_seed(0)
-            subject = self.build(name)
+            subject = self.build(name, max(self.sizes))
             results[name].parameters = sum(p.numel() for p in subject.module.parameters())
             results[name].encoding_parameters = encoding_parameters(subject.module)
         for size in self.sizes:
@@ -144,7 +144,7 @@ class Sweep:
 
     def measure(self, name: str, size: int) -> tuple[Point, Callable[[], None] | None]:
         torch.manual_seed(0)
-        subject = self.build(name)
+        subject = self.build(name, size)
         subject.module.to(self.device)
         point = Point(size=size, tokens=subject.tokens(size))
         try:

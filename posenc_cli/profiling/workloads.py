@@ -98,7 +98,7 @@ class LayerWorkload:
     dim: int = 256
     heads: int = 4
     window: int | None = None
-    largest: int = 0  # the largest size profiled: learned tables are built to cover it
+    fit_tables: bool = True  # build learned tables for the size measured
     params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per encoding
 
     def __post_init__(self) -> None:
@@ -120,20 +120,20 @@ class LayerWorkload:
                 "encoding (drop --window or compare 2D encodings)"
             )
 
-    def subject(self, encoding: str) -> LayerSubject:
+    def subject(self, encoding: str, size: int | None = None) -> LayerSubject:
         self.check(encoding)
-        params = {**self.table_size(encoding), **self.params.get(encoding, {})}
+        params = {**self.table_size(encoding, size), **self.params.get(encoding, {})}
         return LayerSubject(AttentionLayer(self.dim, self.heads, encoding, params, self.window))
 
-    def table_size(self, encoding: str) -> dict[str, Any]:
-        """Learned tables (absolute, Swin) sized for the largest input, no class token: the
+    def table_size(self, encoding: str, size: int | None) -> dict[str, Any]:
+        """Learned tables (absolute, Swin) built for the input measured, no class token: the
         profile measures cost; whether an encoding runs past its trained length is another
         question (the ``extrapolates`` column)."""
-        if not self.largest:
+        if not self.fit_tables or not size:
             return {}
-        height, width = near_square(self.largest)
+        height, width = near_square(size)
         return {
-            "learned": {"length": self.largest},
+            "learned": {"length": size},
             "learned2d": {"height": height, "width": width, "prefix_tokens": 0},
             "swin": {"height": height, "width": width},
         }.get(encoding, {})
@@ -180,7 +180,7 @@ class RecipeWorkload:
                 f"{encoding!r} is an image encoding; a text recipe takes sequence encodings"
             )
 
-    def subject(self, encoding: str) -> TextSubject:
+    def subject(self, encoding: str, size: int | None = None) -> TextSubject:
         from posenc_cli.config import load_recipe
         from posenc_cli.data import build_task
         from posenc_cli.models.text import build_text_model
@@ -236,7 +236,7 @@ class ImageRecipeWorkload:
     def check(self, encoding: str) -> None:
         encoding_class(encoding)
 
-    def subject(self, encoding: str) -> ImageSubject:
+    def subject(self, encoding: str, size: int | None = None) -> ImageSubject:
         from posenc_cli.config import load_recipe
         from posenc_cli.train_image import build_image_model
 
