@@ -175,6 +175,8 @@ POINT_KEYS = {
     "tokens",
     "flops",
     "macs",
+    "forward_flops",
+    "train_flops",
     "elementwise",
     "gathers",
     "encoding_flops",
@@ -207,6 +209,7 @@ def test_layer_profile_json_schema_is_stable(capsys, tmp_path):
         assert [p["size"] for p in result["points"]] == [16, 32]
         for point in result["points"]:
             assert set(point) == POINT_KEYS and point["flops"] > 0 and point["time_median_s"] > 0
+            assert point["flops"] == point["train_flops"] > point["forward_flops"] > 0
     assert json.loads((tmp_path / "p" / "profile.json").read_text()) == doc
     for stem in ("time", "memory", "flops"):
         assert (tmp_path / "p" / f"{stem}.png").read_bytes()[:4] == b"\x89PNG"

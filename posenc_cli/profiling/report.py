@@ -73,12 +73,28 @@ def cost_table(results: list[Result], title: str) -> Table:
     """Counts, one row per encoding at the largest size it ran: what the model costs and what
     the encoding adds to it (differences from ``none`` at the same size)."""
     table = Table(title=title, title_justify="left")
-    for col in ("encoding", "size", "params", "+enc params", "GMACs", "+enc MMACs", "+enc Mops"):
-        table.add_column(col, justify="left" if col == "encoding" else "right")
+    table.caption = (
+        "GMACs: one forward; train: forward + backward; +: what the encoding adds over none"
+    )
+    for col in (
+        "encoding",
+        "size",
+        "params",
+        "+params",
+        "GMACs",
+        "train",
+        "+MMACs",
+        "+Mops",
+    ):
+        table.add_column(
+            col,
+            justify="left" if col == "encoding" else "right",
+            min_width=10 if col == "encoding" else None,
+        )
     for r in results:
         p = last_good(r)
         if p is None:
-            table.add_row(r.encoding, "fails", *["-"] * 5)
+            table.add_row(r.encoding, "fails", *["-"] * 6)
             continue
         enc_macs = None if p.encoding_flops is None else p.encoding_flops // 2
         enc_ops = None
@@ -89,7 +105,8 @@ def cost_table(results: list[Result], title: str) -> Table:
             str(p.size),
             f"{r.parameters:,}",
             f"{r.encoding_parameters:,}",
-            _giga(p.macs),
+            _giga(p.forward_flops // 2 if p.forward_flops is not None else None),
+            _giga(p.train_flops // 2 if p.train_flops is not None else None),
             _mega(enc_macs),
             _mega(enc_ops),
         )
@@ -102,7 +119,11 @@ def speed_table(results: list[Result]) -> Table:
         title="memory and time (ratios to none measured in this run)", title_justify="left"
     )
     for col in ("encoding", "peak MB", "x none", "ms", "IQR", "x none", "mem exp", "time exp"):
-        table.add_column(col, justify="left" if col == "encoding" else "right")
+        table.add_column(
+            col,
+            justify="left" if col == "encoding" else "right",
+            min_width=10 if col == "encoding" else None,
+        )
     for r in results:
         p = last_good(r)
         if p is None:

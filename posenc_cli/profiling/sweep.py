@@ -30,8 +30,10 @@ BASELINE = "none"
 class Point:
     size: int
     tokens: int
-    flops: int | None = None  # matmul-class FLOPs of one step (2 per multiply-add)
+    flops: int | None = None  # matmul-class FLOPs of one step of the mode (2 per multiply-add)
     macs: int | None = None
+    forward_flops: int | None = None  # both kinds of step, whatever the mode
+    train_flops: int | None = None
     elementwise: int | None = None
     gathers: int | None = None
     encoding_flops: int | None = None  # differences from ``none`` at the same size
@@ -70,23 +72,22 @@ def fit_exponent(sizes: list[int], values: list[float | None]) -> float | None:
 
 
 def make_step(subject: Subject, inputs: tuple, mode: Mode) -> Callable[[], None]:
+    """One inference forward (eval mode, no autograd) or one training step's forward and
+    backward (train mode; the optimiser update is element-wise and left out)."""
     module = subject.module
-    if mode == "forward":
+
+    def forward() -> None:
         module.eval()
-
-        def forward() -> None:
-            with torch.no_grad():
-                subject.forward(inputs)
-
-        return forward
-    module.train()
+        with torch.no_grad():
+            subject.forward(inputs)
 
     def train_step() -> None:
+        module.train()
         for p in module.parameters():
             p.grad = None
         subject.forward(inputs).float().sum().backward()
 
-    return train_step
+    return forward if mode == "forward" else train_step
 
 
 @dataclass
@@ -148,9 +149,17 @@ class Sweep:
         subject.module.to(self.device)
         point = Point(size=size, tokens=subject.tokens(size))
         try:
-            step = make_step(subject, subject.inputs(size, self.batch, self.device), self.mode)
+            inputs = subject.inputs(size, self.batch, self.device)
+            step = make_step(subject, inputs, self.mode)
+            other = make_step(subject, inputs, "train" if self.mode == "forward" else "forward")
             counts: OpCounts = count_ops(step)
             point.flops, point.macs = counts.flops, counts.macs
+            other_flops = count_ops(other).flops
+            point.forward_flops, point.train_flops = (
+                (counts.flops, other_flops)
+                if self.mode == "forward"
+                else (other_flops, counts.flops)
+            )
             point.elementwise, point.gathers = counts.elementwise, counts.gathers
             point.peak_bytes = peak_bytes(step, self.device)
         except (UsageError, ValueError, RuntimeError) as err:  # too long, out of memory
