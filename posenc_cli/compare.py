@@ -19,11 +19,12 @@ from posenc_cli.errors import UsageError
 
 METRICS = ("token_accuracy", "exact_match", "loss", "perplexity")
 IMAGE_METRICS = ("top1", "top5", "loss")  # columns: image side in px, "+K" for a K px shift
+DETECTION_METRICS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "loss")  # COCO, in %
 LOWER_IS_BETTER = {"loss", "perplexity"}
 
 
 def metrics_of(kind: str) -> tuple[str, ...]:
-    return IMAGE_METRICS if kind == "image" else METRICS
+    return {"image": IMAGE_METRICS, "detection": DETECTION_METRICS}.get(kind, METRICS)
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
@@ -92,7 +93,10 @@ def compare(paths: list[Path]) -> dict[str, Any]:
             if any("error" in c for c in cells):
                 table[length] = {"error": next(c["error"] for c in cells if "error" in c)}
                 continue
-            table[length] = {m: summarise([c[m] for c in cells]) for m in metrics}
+            # a metric some run lacks (COCO's AP of a size no object has) is left out
+            table[length] = {
+                m: summarise([c[m] for c in cells]) for m in metrics if all(m in c for c in cells)
+            }
         groups[label] = {
             "seeds": sorted(r["seed"] for r in results),
             "train_lengths": results[0].get("train_lengths"),
@@ -118,6 +122,8 @@ def compare(paths: list[Path]) -> dict[str, Any]:
 
 
 def column_title(result: dict[str, Any], key: str) -> str:
+    if result.get("kind") == "detection":
+        return key
     if result.get("kind") != "image":
         return f"n={key}"
     size, _, shift = key.partition("+")
@@ -125,7 +131,7 @@ def column_title(result: dict[str, Any], key: str) -> str:
 
 
 def cell(stats: dict, metric: str) -> str:
-    if "error" in stats:
+    if "error" in stats or metric not in stats:
         return "n/a"
     s = stats[metric]
     return f"{s['mean']:.3f} ± {s['std']:.3f}" if s["n"] > 1 else f"{s['mean']:.3f}"

@@ -44,7 +44,7 @@ from typing import Any, Literal
 import torch
 import yaml
 
-from posenc_cli import config_image
+from posenc_cli import config_detection, config_image
 from posenc_cli.data import TASKS
 from posenc_cli.encodings import ENCODINGS, build_encoding, check_params, user_params
 from posenc_cli.errors import UsageError
@@ -54,7 +54,7 @@ if typing.TYPE_CHECKING:  # importlib.resources.abc is 3.11+; only the annotatio
     from importlib.resources.abc import Traversable
 
 
-Kind = Literal["text", "image"]
+Kind = Literal["text", "image", "detection"]
 
 
 def _causal(task: str) -> bool:
@@ -111,7 +111,8 @@ class EvalConfig:
 @dataclass
 class Recipe:
     seed: int = 0
-    # the sections below are the text ones for kind "text", config_image's for "image"
+    # the text sections for kind "text", config_image's for "image", config_detection's for
+    # "detection"
     model: Any = field(default_factory=ModelConfig)
     encoding: EncodingConfig = field(default_factory=EncodingConfig)
     data: Any = field(default_factory=DataConfig)
@@ -131,7 +132,11 @@ SECTIONS: dict[str, type] = {
     "eval": EvalConfig,
 }
 # A recipe's ``kind`` picks the classes its sections are read into.
-KINDS: dict[str, dict[str, type]] = {"text": SECTIONS, "image": config_image.SECTIONS}
+KINDS: dict[str, dict[str, type]] = {
+    "text": SECTIONS,
+    "image": config_image.SECTIONS,
+    "detection": config_detection.SECTIONS,
+}
 TOP_KEYS = ("extends", "kind", "seed", "model", "encoding", "data", "train", "eval", "sweep")
 
 Tree = dict[str, Any]  # a recipe before conversion: {"seed": .., "model": {..}, ..., "sweep": ..}
@@ -489,7 +494,7 @@ def _section(cls: type, values: dict[str, Any], name: str, where: _Where) -> Any
 
 
 def _encoding(values: dict[str, Any], where: _Where) -> EncodingConfig:
-    default = EncodingConfig.name if where.kind == "text" else "learned2d"
+    default = {"text": EncodingConfig.name, "image": "learned2d"}.get(where.kind, "none")
     name = where.converted(values.get("name", default), str, "encoding.name")
     one_d = [n for n, cls in ENCODINGS.items() if cls.dims == 1]
     valid = one_d if where.kind == "text" else list(ENCODINGS)
@@ -564,15 +569,16 @@ def _build(tree: Tree, where: _Where, notes: list[str], source: str) -> Recipe:
         source=source,
         notes=list(notes),
     )
-    if recipe.kind == "image":
-        config_image.validate(recipe, where.error)
-        try:
-            with torch.random.fork_rng(devices=[]):
-                config_image.build_encoding_once(recipe)
-        except UsageError as err:
-            raise where.error("encoding", str(err)) from None
-    else:
+    if recipe.kind == "text":
         _validate(recipe, where)
+        return recipe
+    rules = config_image if recipe.kind == "image" else config_detection
+    rules.validate(recipe, where.error)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            rules.build_encoding_once(recipe)
+    except UsageError as err:
+        raise where.error("encoding", str(err)) from None
     return recipe
 
 

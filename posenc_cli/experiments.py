@@ -31,6 +31,13 @@ def run_recipe(recipe: Recipe, out: Path | None, resume: bool, console: Console)
             continue
         if len(runs) > 1:
             console.print(f"[bold]run {i}/{len(runs)}[/] {name}")
+        if run.kind == "detection":
+            from posenc_cli.evaluate_detection import evaluate_detection_run
+            from posenc_cli.train_detection import train_detection
+
+            train_detection(run, run_dir, resume=resume, console=console)
+            evaluate_detection_run(run_dir)
+            continue
         if run.kind == "image":
             from posenc_cli.evaluate_image import evaluate_image_run
             from posenc_cli.train_image import train_image

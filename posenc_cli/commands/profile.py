@@ -41,6 +41,7 @@ def resolve_encodings(compare: str | None, default: str, compatible: list[str], 
 def build_workload(target: str | None, overrides: list[str], layer: str | None, dim, heads, window):
     from posenc_cli.encodings import ENCODINGS
     from posenc_cli.profiling.workloads import (
+        DetectionRecipeWorkload,
         ImageRecipeWorkload,
         LayerWorkload,
         RecipeWorkload,
@@ -72,6 +73,12 @@ def build_workload(target: str | None, overrides: list[str], layer: str | None, 
     if recipe.kind == "image":
         workload = ImageRecipeWorkload(recipe, [*overrides, "sweep=null"])
         return workload, recipe.encoding.name, list(ENCODINGS)
+    if recipe.kind == "detection":
+        workload = DetectionRecipeWorkload(recipe, [*overrides, "sweep=null"])
+        compatible = [n for n, c in ENCODINGS.items() if c.dims == 2 or n == "none"]
+        if recipe.model.sine:  # the sine is already on q/k
+            compatible.remove("sincos2d")
+        return workload, recipe.encoding.name, compatible
     compatible = [n for n, c in ENCODINGS.items() if c.dims == 1]
     return RecipeWorkload(recipe, [*overrides, "sweep=null"]), recipe.encoding.name, compatible
 
@@ -146,14 +153,16 @@ def profile_command(
     workload, default, compatible = build_workload(
         target, list(overrides or []), layer, dim, heads, window
     )
-    image = not layer and workload.recipe.kind == "image"
+    image = not layer and workload.recipe.kind in ("image", "detection")
     if image and lengths is not None:
         raise UsageError("an image recipe is profiled over --sizes (sides in px), not --lengths")
     if not image and sizes_px is not None:
         raise UsageError("--sizes is for image recipes; profile sequences over --lengths")
     sizes = int_list(sizes_px if image else lengths, "--sizes" if image else "--lengths")
     if sizes is None and image:
-        sizes = list(workload.recipe.eval.sizes) or [workload.recipe.data.image_size]
+        sizes = list(getattr(workload.recipe.eval, "sizes", [])) or [
+            workload.recipe.data.image_size
+        ]
     elif sizes is None:
         sizes = DEFAULT_LENGTHS if layer else list(workload.recipe.eval.lengths)
     encodings = resolve_encodings(compare, default, compatible, workload.check)

@@ -91,7 +91,23 @@ def evaluate_command(
     from posenc_cli.evaluate import evaluate_run, run_kind
 
     check_png(out)
-    if run_kind(run_dir) == "image":
+    kind = run_kind(run_dir)
+    if kind == "detection":
+        from posenc_cli.evaluate_detection import evaluate_detection_run
+
+        result = evaluate_detection_run(run_dir, list(overrides or []))
+        if format is Format.json:
+            print(json.dumps(result))
+            return
+        scores = result["lengths"]["val"]
+        table = Table(title=f"{run_dir}: COCO AP (%) on the validation set")
+        for key in scores:
+            table.add_column(key, justify="right")
+        table.add_row(*(f"{v:.2f}" for v in scores.values()))
+        console.print(table)
+        console.print(f"predictions drawn in {run_dir / 'predictions.png'}")
+        return
+    if kind == "image":
         show_image_evaluation(run_dir, list(overrides or []), sizes, shifts, out, format)
         return
     if sizes is not None or shifts is not None:
@@ -200,7 +216,7 @@ def compare_command(
     from posenc_cli.compare import compare, metrics_of
 
     check_png(out)
-    known = dict.fromkeys([*metrics_of("text"), *metrics_of("image")])
+    known = dict.fromkeys([*metrics_of("text"), *metrics_of("image"), *metrics_of("detection")])
     if metric is not None and metric not in known:
         raise UsageError(f"--metric {metric!r}: choose one of {', '.join(known)}")
     result = compare(runs)

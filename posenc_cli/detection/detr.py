@@ -267,7 +267,9 @@ class DETRLite(nn.Module):
         if self.sine is not None:
             memory_pos = self.sine.table(positions).to(memory.dtype)  # (N, D)
         tgt = memory.new_zeros(memory.shape[0], self.num_queries, memory.shape[-1])  # (B, Q, D)
-        query_pos = self.query_pos.weight[None].to(memory.dtype)  # (1, Q, D)
+        # repeated, as DETR does, not a view: a view of a parameter made under no_grad still
+        # claims requires_grad, which trips autograd hooks (FlopCounterMode's module tracker)
+        query_pos = self.query_pos.weight.to(memory.dtype)[None].repeat(len(memory), 1, 1)
         states = []
         for layer in self.decoder:
             tgt = layer(tgt, memory, query_pos, memory_pos)

@@ -250,3 +250,47 @@ class ImageRecipeWorkload:
         classes, channels = IMAGE_SHAPES.get(recipe.data.dataset, (1000, 3))
         model = build_image_model(recipe, classes, channels, recipe.data.image_size)
         return ImageSubject(model, channels, model.arch.patch_size)
+
+
+@dataclass
+class DetectionSubject:
+    module: nn.Module
+    stride: int
+
+    def inputs(self, size: int, batch: int, device: torch.device) -> tuple:
+        gen = torch.Generator().manual_seed(size)
+        return (torch.randn(batch, 3, size, size, generator=gen).to(device),)
+
+    def forward(self, inputs: tuple) -> Tensor:
+        out = self.module(*inputs)
+        return out["pred_logits"].sum() + out["pred_boxes"].sum()  # every head reaches backward
+
+    def tokens(self, size: int) -> int:
+        return math.ceil(size / self.stride) ** 2  # encoder tokens: the feature map
+
+
+@dataclass
+class DetectionRecipeWorkload:
+    """DETR-lite of a detection recipe, fed square images of each side (px)."""
+
+    recipe: Any
+    overrides: list[str]
+
+    @property
+    def label(self) -> str:
+        m = self.recipe.model
+        return f"{self.recipe.source}: DETR-lite ({m.backbone}, stride {m.backbone_stride})"
+
+    def check(self, encoding: str) -> None:
+        if encoding != "none" and encoding_class(encoding).dims != 2:
+            raise UsageError(f"{encoding!r} is a sequence encoding; DETR-lite takes 2D ones")
+
+    def subject(self, encoding: str, size: int | None = None) -> DetectionSubject:
+        from posenc_cli.config import load_recipe
+        from posenc_cli.train_detection import build_detection_model
+
+        recipe = self.recipe
+        if encoding != recipe.encoding.name:
+            recipe = load_recipe(recipe.source, [*self.overrides, f"encoding.name={encoding}"])
+        model = build_detection_model(recipe, num_classes=3)  # classes change only the head
+        return DetectionSubject(model, recipe.model.backbone_stride)

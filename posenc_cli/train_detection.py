@@ -1,0 +1,235 @@
+"""The detection training loop: a ``kind: detection`` recipe in, one run directory out.
+
+DETR's recipe at small scale: AdamW with the backbone at its own (lower) learning rate, a
+tenfold drop at ``train.lr_drop``, gradient clipping at 0.1, the Hungarian-matched set loss with
+auxiliary losses from every decoder layer. After every epoch the model is scored on the
+validation set with pycocotools' COCOeval; the best AP is kept in ``best.pt``. Checkpoints are
+taken at the end of every epoch and a stopped run resumes from there; shuffling and the flips
+are seeded from (seed, epoch), so a resumed run ends where the uninterrupted one does.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from torch.utils.data import DataLoader
+
+from posenc_cli.checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
+from posenc_cli.config import Recipe
+from posenc_cli.config_detection import model_options
+from posenc_cli.train import (
+    TrainingStopped,
+    append_metrics,
+    last_metrics,
+    pick_device,
+    prepare_directory,
+    truncate_metrics,
+    write_recipe,
+)
+from posenc_cli.train_image import seed_everything
+
+AP_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
+
+
+def load_detection_data(recipe: Recipe):
+    """The recipe's data set, written first when it is a procedural shapes set."""
+    from posenc_cli.detection.coco import build_detection_data
+    from posenc_cli.detection.shapes import make_shapes
+
+    cfg = recipe.data
+    if cfg.shapes_images > 0:
+        make_shapes(
+            Path(cfg.root),
+            cfg.shapes_images,
+            seed=cfg.shapes_seed,
+            size=cfg.image_size,
+            max_objects=cfg.shapes_max_objects,
+        )
+    return build_detection_data(cfg)
+
+
+def build_detection_model(recipe: Recipe, num_classes: int):
+    from posenc_cli.detection.detr import build_detr
+
+    return build_detr(num_classes, **model_options(recipe))
+
+
+def to_device(targets: list[dict[str, Any]], device: torch.device) -> list[dict[str, Any]]:
+    return [
+        {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in t.items()}
+        for t in targets
+    ]
+
+
+@torch.no_grad()
+def evaluate_detection(model, data, criterion, recipe: Recipe, device, keep: int = 0):
+    """COCO AP (in %) and the set loss over the validation set; with ``keep`` > 0 also the
+    first ``keep`` images, targets and predictions, for a picture."""
+    from posenc_cli.detection.coco import collate
+    from posenc_cli.detection.coco_eval import coco_evaluate
+    from posenc_cli.detection.criterion import postprocess
+
+    model.eval()
+    loader = DataLoader(data.val, batch_size=recipe.eval.batch_size, collate_fn=collate)
+    predictions: dict[int, dict[str, torch.Tensor]] = {}
+    loss, batches = 0.0, 0
+    kept: tuple[list, list, list] = ([], [], [])
+    for images, targets in loader:
+        outputs = model(images.to(device))
+        loss += float(criterion(outputs, to_device(targets, device))["loss"])
+        batches += 1
+        sizes = torch.stack([t["orig_size"] for t in targets])
+        for target, pred, image in zip(targets, postprocess(outputs, sizes), images, strict=True):
+            pred = {k: v.cpu() for k, v in pred.items()}
+            predictions[int(target["image_id"])] = pred
+            if len(kept[0]) < keep:
+                kept[0].append(image)
+                kept[1].append(pred)
+                kept[2].append(target)
+    scores = coco_evaluate(data.val.coco, predictions, data.label_to_category)
+    result = {k: 100.0 * v for k, v in scores.items() if not math.isnan(v)}  # no such objects
+    result["loss"] = loss / max(batches, 1)
+    model.train()
+    return result, kept
+
+
+def param_groups(model, cfg) -> list[dict[str, Any]]:
+    """The backbone at ``lr_backbone`` (frozen when 0), everything else at ``lr``."""
+    backbone = [p for n, p in model.named_parameters() if n.startswith("backbone.")]
+    rest = [p for n, p in model.named_parameters() if not n.startswith("backbone.")]
+    if cfg.lr_backbone == 0:
+        for p in backbone:
+            p.requires_grad_(False)
+        return [{"params": rest, "lr": cfg.lr}]
+    return [{"params": rest, "lr": cfg.lr}, {"params": backbone, "lr": cfg.lr_backbone}]
+
+
+def train_detection(
+    recipe: Recipe,
+    out: Path,
+    resume: bool = False,
+    console: Console | None = None,
+    interrupt_at: int | None = None,
+) -> dict[str, Any]:
+    """Train a detection recipe into ``out``; returns the summary. ``interrupt_at`` simulates
+    a Ctrl-C before that global step (tests use it)."""
+    from posenc_cli.detection.coco import collate
+    from posenc_cli.detection.criterion import SetCriterion
+    from posenc_cli.detection.matcher import HungarianMatcher
+
+    console = console or Console(stderr=True)
+    cfg = recipe.train
+    device = pick_device(cfg.device)
+    prepare_directory(out, resume)
+    write_recipe(out, recipe)
+    data = load_detection_data(recipe)
+    torch.manual_seed(recipe.seed)
+    model = build_detection_model(recipe, data.num_classes).to(device)
+    groups = param_groups(model, cfg)
+    optimizer = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
+    base_lrs = [g["lr"] for g in groups]
+    criterion = SetCriterion(data.num_classes, HungarianMatcher(), eos_coef=cfg.eos_coef)
+    per_epoch = math.ceil(len(data.train) / cfg.batch_size)
+
+    last, best_path, log_path = out / "last.pt", out / "best.pt", out / "metrics.jsonl"
+    start_epoch, best = 0, -math.inf
+    if resume and last.is_file():
+        state = load_checkpoint(last)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start_epoch, best = int(state["epoch"]), float(state["best"])
+        truncate_metrics(log_path, start_epoch * per_epoch)
+
+    def checkpoint(path: Path, epoch: int) -> None:
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        save_checkpoint(path, {**state, "epoch": epoch, "best": best})
+
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[stats]}"),
+        TimeRemainingColumn(),
+        console=console,
+    )
+    t0, images_seen = time.perf_counter(), 0
+    with progress:
+        total = cfg.epochs * per_epoch
+        bar = progress.add_task(out.name, total=total, completed=start_epoch * per_epoch, stats="")
+        for epoch in range(start_epoch, cfg.epochs):
+            order = seed_everything(recipe.seed * 1_000_003 + epoch)
+            factor = 0.1 if cfg.lr_drop and epoch >= cfg.lr_drop else 1.0
+            for group, lr in zip(optimizer.param_groups, base_lrs, strict=True):
+                group["lr"] = lr * factor
+            loader = DataLoader(
+                data.train,
+                batch_size=cfg.batch_size,
+                shuffle=True,
+                generator=order,
+                collate_fn=collate,
+                num_workers=cfg.workers,
+            )
+            model.train()
+            losses = []
+            for i, (images, targets) in enumerate(loader):
+                step = epoch * per_epoch + i
+                if interrupt_at is not None and step == interrupt_at:
+                    raise KeyboardInterrupt  # last.pt holds the last finished epoch
+                outputs = model(images.to(device))
+                loss = criterion(outputs, to_device(targets, device))["loss"]
+                value = float(loss.detach())
+                if not math.isfinite(value):
+                    raise TrainingStopped(
+                        f"loss became {value} at step {step + 1}; the last good checkpoint "
+                        f"(epoch {epoch}) is kept in {out}; lower train.lr"
+                    )
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if cfg.grad_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                optimizer.step()
+                losses.append(value)
+                images_seen += len(images)
+                progress.update(bar, completed=step + 1)
+            val, _ = evaluate_detection(model, data, criterion, recipe, device)
+            row = {
+                "step": (epoch + 1) * per_epoch,
+                "epoch": epoch + 1,
+                "lr": optimizer.param_groups[0]["lr"],
+                "train_loss": sum(losses) / len(losses),
+                "images_per_s": images_seen / (time.perf_counter() - t0),
+                **{f"val_{k}": v for k, v in val.items()},
+            }
+            append_metrics(log_path, row)
+            if val.get("AP", 0.0) > best:
+                best = val.get("AP", 0.0)
+                checkpoint(best_path, epoch + 1)
+            checkpoint(last, epoch + 1)
+            progress.update(
+                bar,
+                stats=f"loss {row['train_loss']:.3f}  val AP {val.get('AP', 0.0):.1f}  "
+                f"{row['images_per_s']:.0f} img/s",
+            )
+    summary = {
+        "recipe": recipe.source,
+        "kind": "detection",
+        "encoding": recipe.encoding.name,
+        "encoding_params": recipe.encoding.params,
+        "sine": recipe.model.sine,
+        "seed": recipe.seed,
+        "epochs": cfg.epochs,
+        "steps": cfg.epochs * per_epoch,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "encoding_parameters": model.encoding_parameters(),
+        "best_val_AP": best,
+        "device": device.type,
+        "final": last_metrics(log_path),
+    }
+    atomic_write_json(out / "summary.json", summary)
+    return summary
