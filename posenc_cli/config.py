@@ -352,6 +352,13 @@ def _check_layer(raw: Any, origin: str, where: _Where) -> Tree:
                 raise where.error(
                     key, f"expected a mapping of {key} settings, got {value!r}", origin
                 )
+            for sub in value:
+                if isinstance(sub, bool):  # YAML 1.1 reads on/off/yes/no as booleans
+                    raise where.error(
+                        f"{key}.{sub}",
+                        'YAML read this key as a boolean; quote it, e.g. "on": qk',
+                        origin,
+                    )
             value = {str(k): v for k, v in value.items()}
             for sub in value:
                 _check_key(f"{key}.{sub}", where, origin)

@@ -24,6 +24,7 @@ class ImageModelConfig:
     drop_path: float = 0.1  # stochastic depth, the rate of the last block (DeiT: 0.1)
     dropout: float = 0.0
     window: int = 0  # local k x k window attention; 0 = full attention
+    pool: Literal["token", "avg"] = "token"  # the class token (DeiT) or the mean of patches
     # DeiT's learned table in the model: added beside a relative encoding (as DeiT-iRPE does);
     # with learned2d it is that encoding itself
     absolute: bool = False

@@ -56,6 +56,7 @@ def build_image_model(recipe: Recipe, num_classes: int, channels: int, image_siz
         drop_path=m.drop_path,
         dropout=m.dropout,
         window=m.window or None,
+        pool=m.pool,
         # DeiT's table beside a relative encoding; learned2d is that table already
         absolute=m.absolute and recipe.encoding.name != "learned2d",
         **model_overrides(m),

@@ -406,3 +406,9 @@ def test_bad_files_give_one_line_naming_the_key(tmp_path, text, key, hint):
     path = write(tmp_path, "bad.yaml", text)
     message = fails(path, (), key, hint)
     assert message.startswith(f"recipe {path}: ")
+
+
+def test_a_key_yaml_reads_as_a_boolean_is_answered_with_the_fix(tmp_path):
+    path = write(tmp_path, "on.yaml", "kind: image\nencoding:\n  name: irpe\n  on: qk\n")
+    with pytest.raises(UsageError, match='quote it, e.g. "on": qk'):
+        load_recipe(path)

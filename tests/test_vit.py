@@ -341,3 +341,16 @@ def test_grad_checkpointing_gives_the_same_gradients() -> None:
         grads.append([p.grad.clone() for p in model.parameters()])
     for plain, recomputed in zip(*grads, strict=True):
         torch.testing.assert_close(plain, recomputed)
+
+
+def test_average_pooling_reads_the_patches_not_the_class_token():
+    import torch
+
+    from posenc_cli.models.vit import build_vit
+
+    torch.manual_seed(0)
+    model = build_vit("vit_nano", "none", num_classes=3, img_size=16, pool="avg").eval()
+    images = torch.randn(2, 3, 16, 16)
+    tokens = model.forward_features(images)  # (B, 1 + 16, D)
+    expected = model.head(model.fc_norm(tokens[:, 1:].mean(dim=1)))
+    torch.testing.assert_close(model(images), expected)

@@ -42,7 +42,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 import timm
 import torch
@@ -129,8 +129,13 @@ class VisionModel(VisionTransformer):
         drop_path: float = 0.0,
         dropout: float = 0.0,
         window: int | None = None,
+        pool: Literal["token", "avg"] = "token",
     ) -> None:
         cls = encoding_class(encoding)
+        if pool not in ("token", "avg"):
+            raise UsageError(
+                f"pool must be 'token' (DeiT) or 'avg' (mean of patches), got {pool!r}"
+            )
         if window is not None and cls.dims != 2 and cls.family != "none":
             raise UsageError(
                 f"window attention runs on the image grid; encoding {encoding!r} is 1D: "
@@ -164,6 +169,7 @@ class VisionModel(VisionTransformer):
             proj_drop_rate=dropout,
             drop_path_rate=drop_path,
             block_fn=functools.partial(PositionBlock, encodings=per_block, window=window),
+            global_pool=pool,  # "avg" averages the patch tokens, the class token left out
         )
         for module, state in zip(own, initial, strict=True):
             module.load_state_dict(state)  # undo timm's init (it re-inits every Linear)
@@ -264,6 +270,7 @@ def build_vit(
     dropout: float = 0.0,
     window: int | None = None,
     absolute: bool = False,
+    pool: Literal["token", "avg"] = "token",
     **overrides: Any,
 ) -> VisionModel:
     """A DeiT-style classifier of size ``arch`` (``ARCHS``) with position encoding ``encoding``.
@@ -293,6 +300,7 @@ def build_vit(
         drop_path=drop_path,
         dropout=dropout,
         window=window,
+        pool=pool,
     )
 
 
