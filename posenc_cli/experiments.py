@@ -36,14 +36,16 @@ def run_recipe(recipe: Recipe, out: Path | None, resume: bool, console: Console)
             from posenc_cli.train_detection import train_detection
 
             train_detection(run, run_dir, resume=resume, console=console)
-            evaluate_detection_run(run_dir)
+            if is_main_process():
+                evaluate_detection_run(run_dir)
             continue
         if run.kind == "image":
             from posenc_cli.evaluate_image import evaluate_image_run
             from posenc_cli.train_image import train_image
 
             train_image(run, run_dir, resume=resume, console=console)
-            evaluate_image_run(run_dir)
+            if is_main_process():
+                evaluate_image_run(run_dir)
             continue
         train(run, run_dir, resume=resume, console=console)
         if is_main_process():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ def pick_device(choice: str) -> torch.device:
         raise UsageError("train.device: cuda was asked for but no GPU is visible; use auto or cpu")
     if choice == "cpu" or not torch.cuda.is_available():
         return torch.device("cpu")
+    if "LOCAL_RANK" in os.environ:  # under torchrun: one GPU per process
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     return torch.device("cuda", torch.cuda.current_device())
 
 

@@ -18,8 +18,9 @@ from typing import Any
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
+from posenc_cli import distributed
 from posenc_cli.checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
 from posenc_cli.config import Recipe
 from posenc_cli.config_detection import model_options
@@ -126,16 +127,26 @@ def train_detection(
     console = console or Console(stderr=True)
     cfg = recipe.train
     device = pick_device(cfg.device)
-    prepare_directory(out, resume)
-    write_recipe(out, recipe)
-    data = load_detection_data(recipe)
+    world = distributed.start(device)
+    if world.main:
+        prepare_directory(out, resume)
+        write_recipe(out, recipe)
+        data = load_detection_data(recipe)  # rank 0 writes a shapes set, if any, first
+    world.barrier()
+    if not world.main:
+        data = load_detection_data(recipe)
     torch.manual_seed(recipe.seed)
     model = build_detection_model(recipe, data.num_classes).to(device)
     groups = param_groups(model, cfg)
     optimizer = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
     base_lrs = [g["lr"] for g in groups]
     criterion = SetCriterion(data.num_classes, HungarianMatcher(), eos_coef=cfg.eos_coef)
-    per_epoch = math.ceil(len(data.train) / cfg.batch_size)
+    # rank 0 scores alone: its loss must not wait for the other ranks
+    scoring = SetCriterion(
+        data.num_classes, HungarianMatcher(), eos_coef=cfg.eos_coef, across_ranks=False
+    )
+    # train.batch_size is per process, as in DETR (4 per GPU)
+    per_epoch = math.ceil(len(data.train) / (cfg.batch_size * world.size))
 
     last, best_path, log_path = out / "last.pt", out / "best.pt", out / "metrics.jsonl"
     start_epoch, best = 0, -math.inf
@@ -144,9 +155,15 @@ def train_detection(
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start_epoch, best = int(state["epoch"]), float(state["best"])
-        truncate_metrics(log_path, start_epoch * per_epoch)
+        if world.main:
+            truncate_metrics(log_path, start_epoch * per_epoch)
+    trainable = model
+    if world.size > 1:
+        trainable = torch.nn.parallel.DistributedDataParallel(model)
 
     def checkpoint(path: Path, epoch: int) -> None:
+        if not world.main:
+            return
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
         save_checkpoint(path, {**state, "epoch": epoch, "best": best})
 
@@ -157,6 +174,7 @@ def train_detection(
         TextColumn("{task.fields[stats]}"),
         TimeRemainingColumn(),
         console=console,
+        disable=not world.main,
     )
     t0, images_seen = time.perf_counter(), 0
     with progress:
@@ -167,11 +185,16 @@ def train_detection(
             factor = 0.1 if cfg.lr_drop and epoch >= cfg.lr_drop else 1.0
             for group, lr in zip(optimizer.param_groups, base_lrs, strict=True):
                 group["lr"] = lr * factor
+            sampler = None
+            if world.size > 1:  # the same permutation everywhere, a disjoint share each
+                sampler = DistributedSampler(data.train, world.size, world.rank, seed=recipe.seed)
+                sampler.set_epoch(epoch)
             loader = DataLoader(
                 data.train,
                 batch_size=cfg.batch_size,
-                shuffle=True,
-                generator=order,
+                shuffle=sampler is None,
+                sampler=sampler,
+                generator=order if sampler is None else None,
                 collate_fn=collate,
                 num_workers=cfg.workers,
             )
@@ -181,7 +204,7 @@ def train_detection(
                 step = epoch * per_epoch + i
                 if interrupt_at is not None and step == interrupt_at:
                     raise KeyboardInterrupt  # last.pt holds the last finished epoch
-                outputs = model(images.to(device))
+                outputs = trainable(images.to(device))
                 loss = criterion(outputs, to_device(targets, device))["loss"]
                 value = float(loss.detach())
                 if not math.isfinite(value):
@@ -195,9 +218,12 @@ def train_detection(
                     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
                 optimizer.step()
                 losses.append(value)
-                images_seen += len(images)
+                images_seen += len(images) * world.size
                 progress.update(bar, completed=step + 1)
-            val, _ = evaluate_detection(model, data, criterion, recipe, device)
+            if not world.main:  # rank 0 scores, logs and saves; the others wait
+                world.barrier()
+                continue
+            val, _ = evaluate_detection(model, data, scoring, recipe, device)
             row = {
                 "step": (epoch + 1) * per_epoch,
                 "epoch": epoch + 1,
@@ -216,6 +242,7 @@ def train_detection(
                 stats=f"loss {row['train_loss']:.3f}  val AP {val.get('AP', 0.0):.1f}  "
                 f"{row['images_per_s']:.0f} img/s",
             )
+            world.barrier()
     summary = {
         "recipe": recipe.source,
         "kind": "detection",
@@ -229,7 +256,10 @@ def train_detection(
         "encoding_parameters": model.encoding_parameters(),
         "best_val_AP": best,
         "device": device.type,
-        "final": last_metrics(log_path),
+        "world_size": world.size,
+        "final": last_metrics(log_path) if world.main else {},
     }
-    atomic_write_json(out / "summary.json", summary)
+    if world.main:
+        atomic_write_json(out / "summary.json", summary)
+    distributed.stop(world)
     return summary

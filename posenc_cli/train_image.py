@@ -25,11 +25,13 @@ import torch
 import torch.nn.functional as F
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
+from posenc_cli import distributed
 from posenc_cli.checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
 from posenc_cli.config import Recipe
 from posenc_cli.config_image import model_overrides
+from posenc_cli.errors import UsageError
 from posenc_cli.train import (
     TrainingStopped,
     append_metrics,
@@ -128,13 +130,21 @@ def train_image(
     console = console or Console(stderr=True)
     cfg = recipe.train
     device = pick_device(cfg.device)
-    prepare_directory(out, resume)
-    write_recipe(out, recipe)
+    world = distributed.start(device)
+    if world.main:
+        prepare_directory(out, resume)
+        write_recipe(out, recipe)
     data = build_image_data(recipe.data)
     torch.manual_seed(recipe.seed)
     model = build_image_model(recipe, data.num_classes, data.channels, data.image_size).to(device)
     optimizer = create_optimizer_v2(model, opt="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
+    # train.batch_size is the global batch; each of the world's processes takes its share
     batch = min(cfg.batch_size, len(data.train))
+    if batch % world.size:
+        raise UsageError(
+            f"train.batch_size {batch} does not split over {world.size} processes; "
+            "use a multiple of the process count"
+        )
     per_epoch = max(1, len(data.train) // batch)  # drop_last: Mixup needs full, even batches
     total = cfg.epochs * per_epoch
     scheduler = CosineLRScheduler(
@@ -158,9 +168,15 @@ def train_image(
         if ema is not None and state.get("ema"):
             ema.module.load_state_dict(state["ema"])
         start_epoch, best = int(state["epoch"]), float(state["best"])
-        truncate_metrics(log_path, start_epoch * per_epoch)
+        if world.main:
+            truncate_metrics(log_path, start_epoch * per_epoch)
+    trainable = model
+    if world.size > 1:
+        trainable = torch.nn.parallel.DistributedDataParallel(model)
 
     def checkpoint(path: Path, epoch: int) -> None:
+        if not world.main:
+            return
         save_checkpoint(
             path,
             {
@@ -180,6 +196,7 @@ def train_image(
         TextColumn("{task.fields[stats]}"),
         TimeRemainingColumn(),
         console=console,
+        disable=not world.main,
     )
     t0, images_seen = time.perf_counter(), 0
     try:
@@ -188,13 +205,20 @@ def train_image(
                 out.name, total=total, completed=start_epoch * per_epoch, stats=""
             )
             for epoch in range(start_epoch, cfg.epochs):
-                order = seed_everything(recipe.seed * 1_000_003 + epoch)
+                order = seed_everything(recipe.seed * 1_000_003 + epoch + 7919 * world.rank)
+                sampler = None
+                if world.size > 1:  # the same permutation everywhere, a disjoint share each
+                    sampler = DistributedSampler(
+                        data.train, world.size, world.rank, seed=recipe.seed, drop_last=True
+                    )
+                    sampler.set_epoch(epoch)
                 loader = DataLoader(
                     data.train,
-                    batch_size=batch,
-                    shuffle=True,
+                    batch_size=batch // world.size,
+                    shuffle=sampler is None,
+                    sampler=sampler,
                     drop_last=True,
-                    generator=order,
+                    generator=order if sampler is None else None,
                     num_workers=cfg.workers,
                 )
                 model.train()
@@ -207,7 +231,7 @@ def train_image(
                     if mixup is not None:
                         images, labels = mixup(images, labels)
                     with autocast(device):
-                        loss = criterion(model(images).float(), labels)
+                        loss = criterion(trainable(images).float(), labels)
                     value = float(loss.detach())
                     if not math.isfinite(value):
                         raise TrainingStopped(
@@ -224,8 +248,11 @@ def train_image(
                     if ema is not None:
                         ema.update(model, step=step)
                     losses.append(value)
-                    images_seen += len(images)
+                    images_seen += len(images) * world.size
                     progress.update(bar, completed=step + 1)
+                if not world.main:  # rank 0 scores, logs and saves; the others wait
+                    world.barrier()
+                    continue
                 val = evaluate_images(scored, val_loader, device)
                 row = {
                     "step": (epoch + 1) * per_epoch,
@@ -245,8 +272,10 @@ def train_image(
                     stats=f"loss {row['train_loss']:.3f}  val top-1 {val['top1']:.1f}%  "
                     f"{row['images_per_s']:.0f} img/s",
                 )
+                world.barrier()
     except KeyboardInterrupt:
         # last.pt already holds the end of the last finished epoch; the partial one is redone
+        distributed.stop(world)
         raise
     summary = {
         "recipe": recipe.source,
@@ -262,7 +291,10 @@ def train_image(
         "best_val_top1": best,
         "image_size": data.image_size,
         "device": device.type,
-        "final": last_metrics(log_path),
+        "world_size": world.size,
+        "final": last_metrics(log_path) if world.main else {},
     }
-    atomic_write_json(out / "summary.json", summary)
+    if world.main:
+        atomic_write_json(out / "summary.json", summary)
+    distributed.stop(world)
     return summary

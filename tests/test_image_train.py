@@ -4,6 +4,10 @@ shifts, comparison over seeds, resume, and the DeiT-Ti recipe's counts in ``pose
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -154,3 +158,33 @@ def test_full_scale_recipe_validates_without_its_data(capsys):
     runs = expand_sweep(load_recipe("image/deit-tiny-imagenet"))
     assert [r.encoding.name for _, r in runs] == ["learned2d", "irpe"]
     assert runs[0][1].train.epochs == 300 and runs[0][1].train.batch_size == 1024
+
+
+@pytest.mark.skipif(
+    shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
+    reason="torchrun not installed",
+)
+def test_two_process_ddp_image_run_on_cpu(tmp_path):
+    path = write_recipe(tmp_path, **{"train.epochs": 1, "train.device": "cpu"})
+    out = tmp_path / "ddp"
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "torchrun"),
+            "--nproc_per_node=2",
+            "--master_port=29519",
+            "-m",
+            "posenc_cli",
+            "train",
+            str(path),
+            "--out",
+            str(out),
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["final"]["epoch"] == 1
+    assert (out / "eval.json").is_file()

@@ -46,12 +46,15 @@ class SetCriterion:
         weight_ce: float = 1.0,
         weight_bbox: float = 5.0,
         weight_giou: float = 2.0,
+        across_ranks: bool = True,
     ) -> None:
         if num_classes < 1:
             raise ValueError(f"num_classes must be at least 1, got {num_classes}")
         self.num_classes = num_classes
         self.matcher = matcher
         self.eos_coef = eos_coef
+        # average the box count over ranks (training); False where one rank scores alone
+        self.across_ranks = across_ranks
         self.weights = {"loss_ce": weight_ce, "loss_bbox": weight_bbox, "loss_giou": weight_giou}
 
     def class_weight(self, device: torch.device) -> Tensor:
@@ -81,11 +84,10 @@ class SetCriterion:
         losses["loss"] = total
         return losses
 
-    @staticmethod
-    def num_boxes(targets: list[dict[str, Tensor]], device: torch.device) -> Tensor:
+    def num_boxes(self, targets: list[dict[str, Tensor]], device: torch.device) -> Tensor:
         """Target boxes in the batch, averaged over ranks, at least 1 (a float scalar)."""
         count = torch.tensor(float(sum(len(t["labels"]) for t in targets)), device=device)
-        if dist.is_available() and dist.is_initialized():
+        if self.across_ranks and dist.is_available() and dist.is_initialized():
             dist.all_reduce(count)
             count = count / dist.get_world_size()
         return count.clamp(min=1.0)
