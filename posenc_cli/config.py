@@ -48,7 +48,7 @@ from posenc_cli import config_detection, config_image
 from posenc_cli.data import TASKS
 from posenc_cli.encodings import ENCODINGS, build_encoding, check_params, user_params
 from posenc_cli.errors import UsageError
-from posenc_cli.params import close_match, convert, parse_assignments
+from posenc_cli.params import check_limits, close_match, convert, parse_assignments
 
 if typing.TYPE_CHECKING:  # importlib.resources.abc is 3.11+; only the annotations need it
     from importlib.resources.abc import Traversable
@@ -614,19 +614,9 @@ _LIMITS: list[tuple[str, typing.Callable[[Any], bool], str]] = [
 ]
 
 
-def _get(recipe: Recipe, dotted: str) -> Any:
-    value: Any = recipe
-    for part in dotted.split("."):
-        value = getattr(value, part)
-    return value
-
-
 def _validate(recipe: Recipe, where: _Where) -> None:
     """Values that convert but are impossible; the encoding is built once to check its params."""
-    for key, test, requirement in _LIMITS:
-        value = _get(recipe, key)
-        if not test(value):
-            raise where.error(key, f"must be {requirement}, got {value!r}")
+    check_limits(recipe, _LIMITS, where.error)
     model, data = recipe.model, recipe.data
     if model.dim % model.heads:
         options = [h for h in (1, 2, 4, 8, 16) if model.dim % h == 0]

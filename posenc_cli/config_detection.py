@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from posenc_cli.errors import UsageError
+from posenc_cli.params import Limit, check_limits
 
 
 @dataclass
@@ -70,7 +71,7 @@ SECTIONS: dict[str, type] = {
 
 Error = Callable[[str, str], UsageError]
 
-LIMITS: list[tuple[str, Callable[[Any], bool], str]] = [
+LIMITS: list[Limit] = [
     ("seed", lambda v: v >= 0, ">= 0"),
     ("model.backbone_stride", lambda v: v in (8, 16, 32), "8, 16 or 32"),
     ("model.dim", lambda v: v >= 1, ">= 1"),
@@ -99,12 +100,7 @@ LIMITS: list[tuple[str, Callable[[Any], bool], str]] = [
 
 
 def validate(recipe: Any, error: Error) -> None:
-    for key, test, requirement in LIMITS:
-        value = recipe
-        for part in key.split("."):
-            value = getattr(value, part)
-        if not test(value):
-            raise error(key, f"must be {requirement}, got {value!r}")
+    check_limits(recipe, LIMITS, error)
     model = recipe.model
     if model.dim % model.heads:
         raise error("model.heads", f"{model.heads} does not divide model.dim {model.dim}")

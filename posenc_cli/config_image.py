@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from posenc_cli.errors import UsageError
+from posenc_cli.params import Limit, check_limits
 
 
 @dataclass
@@ -80,7 +81,7 @@ SECTIONS: dict[str, type] = {
 
 Error = Callable[[str, str], UsageError]  # (dotted key, problem) -> the one-line error
 
-LIMITS: list[tuple[str, Callable[[Any], bool], str]] = [
+LIMITS: list[Limit] = [
     ("seed", lambda v: v >= 0, ">= 0"),
     ("model.dim", lambda v: v >= 0, ">= 0 (0 = the arch's)"),
     ("model.depth", lambda v: v >= 0, ">= 0 (0 = the arch's)"),
@@ -119,12 +120,7 @@ def validate(recipe: Any, error: Error) -> None:
     from posenc_cli.data.images import IMAGE_DATASETS
     from posenc_cli.models.vit import ARCHS, resolve_arch
 
-    for key, test, requirement in LIMITS:
-        value = recipe
-        for part in key.split("."):
-            value = getattr(value, part)
-        if not test(value):
-            raise error(key, f"must be {requirement}, got {value!r}")
+    check_limits(recipe, LIMITS, error)
     model, data = recipe.model, recipe.data
     if model.arch not in ARCHS:
         from posenc_cli.params import close_match

@@ -11,6 +11,7 @@ import difflib
 import inspect
 import types
 import typing
+from collections.abc import Callable
 from typing import Any, Literal
 
 import yaml
@@ -103,3 +104,18 @@ def parse_assignments(pairs: typing.Sequence[str]) -> dict[str, Any]:
         except yaml.YAMLError:
             out[key.strip()] = raw
     return out
+
+
+Limit = tuple[str, Callable[[Any], bool], str]  # (dotted key, test, what the value must be)
+
+
+def check_limits(
+    settings: Any, limits: list[Limit], error: Callable[[str, str], Exception]
+) -> None:
+    """Raise ``error(key, problem)`` for the first dotted key whose value fails its test."""
+    for key, test, requirement in limits:
+        value = settings
+        for part in key.split("."):
+            value = getattr(value, part)
+        if not test(value):
+            raise error(key, f"must be {requirement}, got {value!r}")

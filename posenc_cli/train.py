@@ -169,16 +169,7 @@ def train(
                 },
             )
 
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[stats]}"),
-        TimeRemainingColumn(),
-        console=console,
-        disable=not world.main,
-        transient=False,
-    )
+    progress = progress_bar(console, world.main)
     try:
         with progress:
             bar = progress.add_task(out.name, total=cfg.steps, completed=start, stats="")
@@ -307,3 +298,16 @@ def last_metrics(path: Path) -> dict[str, Any]:
         return {}
     lines = [line for line in path.read_text().splitlines() if line.strip()]
     return json.loads(lines[-1]) if lines else {}
+
+
+def progress_bar(console: Console, enabled: bool = True) -> Progress:
+    """The training loops' bar: run name, bar, steps, the latest figures, time left."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[stats]}"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not enabled,
+    )

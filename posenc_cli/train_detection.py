@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from torch.utils.data import DataLoader, DistributedSampler
 
 from posenc_cli import distributed
@@ -30,6 +29,7 @@ from posenc_cli.train import (
     last_metrics,
     pick_device,
     prepare_directory,
+    progress_bar,
     truncate_metrics,
     write_recipe,
 )
@@ -167,15 +167,7 @@ def train_detection(
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
         save_checkpoint(path, {**state, "epoch": epoch, "best": best})
 
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[stats]}"),
-        TimeRemainingColumn(),
-        console=console,
-        disable=not world.main,
-    )
+    progress = progress_bar(console, world.main)
     t0, images_seen = time.perf_counter(), 0
     with progress:
         total = cfg.epochs * per_epoch

@@ -24,7 +24,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from torch.utils.data import DataLoader, DistributedSampler
 
 from posenc_cli import distributed
@@ -39,6 +38,7 @@ from posenc_cli.train import (
     last_metrics,
     pick_device,
     prepare_directory,
+    progress_bar,
     truncate_metrics,
     write_recipe,
 )
@@ -189,15 +189,7 @@ def train_image(
         )
 
     scored = model if ema is None else ema.module
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[stats]}"),
-        TimeRemainingColumn(),
-        console=console,
-        disable=not world.main,
-    )
+    progress = progress_bar(console, world.main)
     t0, images_seen = time.perf_counter(), 0
     try:
         with progress:

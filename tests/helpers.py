@@ -35,3 +35,30 @@ def layer(name: str, causal: bool = False, seed: int = 0, **params) -> Layer:
         if p.abs().max() == 0:
             nn.init.normal_(p, std=0.5)
     return module
+
+
+def torchrun_available() -> bool:
+    import shutil
+    import sys
+    from pathlib import Path
+
+    return shutil.which("torchrun", path=str(Path(sys.executable).parent)) is not None
+
+
+def run_torchrun(args: list[str], port: int, processes: int = 2):
+    """``torchrun -m posenc_cli ARGS`` with one thread per process; returns the finished process."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    command = [
+        str(Path(sys.executable).parent / "torchrun"),
+        f"--nproc_per_node={processes}",
+        f"--master_port={port}",
+        "-m",
+        "posenc_cli",
+        *args,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=240)

@@ -32,6 +32,8 @@ SHIPPED = [
     "image/base",
     "image/deit-tiny-imagenet",
     "image/encodings",
+    "image/irpe-ablation",
+    "image/irpe-ablation-v",
     "image/resolution",
     "quickstart",
     "text/base",

@@ -5,10 +5,6 @@ over seeds, resume, and ``posenc profile`` on DETR-lite."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +14,7 @@ from posenc_cli.cli import main
 from posenc_cli.config import dump_recipe, expand_sweep, load_recipe
 from posenc_cli.errors import UsageError
 from posenc_cli.train_detection import train_detection
+from tests.helpers import run_torchrun, torchrun_available
 
 TINY = {
     "kind": "detection",
@@ -139,30 +136,11 @@ def test_shipped_detection_recipes_validate():
     assert all(r.model.backbone == "resnet50" and r.model.sine for _, r in coco)
 
 
-@pytest.mark.skipif(
-    shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
-    reason="torchrun not installed",
-)
+@pytest.mark.skipif(not torchrun_available(), reason="torchrun not installed")
 def test_two_process_ddp_detection_run_on_cpu(tmp_path):
     path = write_recipe(tmp_path, **{"train.epochs": 1, "train.device": "cpu"})
     out = tmp_path / "ddp"
-    proc = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "torchrun"),
-            "--nproc_per_node=2",
-            "--master_port=29521",
-            "-m",
-            "posenc_cli",
-            "train",
-            str(path),
-            "--out",
-            str(out),
-        ],  # fmt: skip
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=240,
-    )
+    proc = run_torchrun(["train", str(path), "--out", str(out)], port=29521)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["final"]["epoch"] == 1

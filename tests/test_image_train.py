@@ -4,10 +4,6 @@ shifts, comparison over seeds, resume, and the DeiT-Ti recipe's counts in ``pose
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +13,7 @@ from posenc_cli.cli import main
 from posenc_cli.config import dump_recipe, expand_sweep, load_recipe
 from posenc_cli.errors import UsageError
 from posenc_cli.train_image import train_image
+from tests.helpers import run_torchrun, torchrun_available
 
 TINY = {
     "kind": "image",
@@ -160,30 +157,11 @@ def test_full_scale_recipe_validates_without_its_data(capsys):
     assert runs[0][1].train.epochs == 300 and runs[0][1].train.batch_size == 1024
 
 
-@pytest.mark.skipif(
-    shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
-    reason="torchrun not installed",
-)
+@pytest.mark.skipif(not torchrun_available(), reason="torchrun not installed")
 def test_two_process_ddp_image_run_on_cpu(tmp_path):
     path = write_recipe(tmp_path, **{"train.epochs": 1, "train.device": "cpu"})
     out = tmp_path / "ddp"
-    proc = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "torchrun"),
-            "--nproc_per_node=2",
-            "--master_port=29519",
-            "-m",
-            "posenc_cli",
-            "train",
-            str(path),
-            "--out",
-            str(out),
-        ],  # fmt: skip
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=240,
-    )
+    proc = run_torchrun(["train", str(path), "--out", str(out)], port=29519)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["final"]["epoch"] == 1
