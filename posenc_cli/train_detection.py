@@ -17,12 +17,13 @@ from typing import Any
 
 import torch
 from rich.console import Console
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 
 from posenc_cli import distributed
-from posenc_cli.checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
+from posenc_cli.checkpoint import atomic_write_json, save_checkpoint
 from posenc_cli.config import Recipe
 from posenc_cli.config_detection import model_options
+from posenc_cli.epochs import epoch_loader, resume_from
 from posenc_cli.train import (
     TrainingStopped,
     append_metrics,
@@ -30,10 +31,8 @@ from posenc_cli.train import (
     pick_device,
     prepare_directory,
     progress_bar,
-    truncate_metrics,
     write_recipe,
 )
-from posenc_cli.train_image import seed_everything
 
 AP_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 
@@ -150,13 +149,8 @@ def train_detection(
 
     last, best_path, log_path = out / "last.pt", out / "best.pt", out / "metrics.jsonl"
     start_epoch, best = 0, -math.inf
-    if resume and last.is_file():
-        state = load_checkpoint(last)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start_epoch, best = int(state["epoch"]), float(state["best"])
-        if world.main:
-            truncate_metrics(log_path, start_epoch * per_epoch)
+    if resume:
+        start_epoch, best, _ = resume_from(last, model, optimizer, world, log_path, per_epoch)
     trainable = model
     if world.size > 1:
         trainable = torch.nn.parallel.DistributedDataParallel(model)
@@ -173,22 +167,11 @@ def train_detection(
         total = cfg.epochs * per_epoch
         bar = progress.add_task(out.name, total=total, completed=start_epoch * per_epoch, stats="")
         for epoch in range(start_epoch, cfg.epochs):
-            order = seed_everything(recipe.seed * 1_000_003 + epoch)
             factor = 0.1 if cfg.lr_drop and epoch >= cfg.lr_drop else 1.0
             for group, lr in zip(optimizer.param_groups, base_lrs, strict=True):
                 group["lr"] = lr * factor
-            sampler = None
-            if world.size > 1:  # the same permutation everywhere, a disjoint share each
-                sampler = DistributedSampler(data.train, world.size, world.rank, seed=recipe.seed)
-                sampler.set_epoch(epoch)
-            loader = DataLoader(
-                data.train,
-                batch_size=cfg.batch_size,
-                shuffle=sampler is None,
-                sampler=sampler,
-                generator=order if sampler is None else None,
-                collate_fn=collate,
-                num_workers=cfg.workers,
+            loader = epoch_loader(
+                data.train, cfg.batch_size, world, recipe.seed, epoch, cfg.workers, False, collate
             )
             model.train()
             losses = []

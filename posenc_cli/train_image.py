@@ -15,21 +15,20 @@ the uninterrupted run. Checkpoints and logs are written like the text runs' (``t
 from __future__ import annotations
 
 import math
-import random
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from rich.console import Console
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 
 from posenc_cli import distributed
-from posenc_cli.checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
+from posenc_cli.checkpoint import atomic_write_json, save_checkpoint
 from posenc_cli.config import Recipe
 from posenc_cli.config_image import model_overrides
+from posenc_cli.epochs import epoch_loader, resume_from
 from posenc_cli.errors import UsageError
 from posenc_cli.train import (
     TrainingStopped,
@@ -39,7 +38,6 @@ from posenc_cli.train import (
     pick_device,
     prepare_directory,
     progress_bar,
-    truncate_metrics,
     write_recipe,
 )
 
@@ -63,15 +61,6 @@ def build_image_model(recipe: Recipe, num_classes: int, channels: int, image_siz
         absolute=m.absolute and recipe.encoding.name != "learned2d",
         **model_overrides(m),
     )
-
-
-def seed_everything(seed: int) -> torch.Generator:
-    """Seed torch, numpy and random (timm's augmentations and Mixup use all three); returns a
-    generator for the data order."""
-    torch.manual_seed(seed)
-    np.random.seed(seed % 2**32)
-    random.seed(seed)
-    return torch.Generator().manual_seed(seed)
 
 
 @torch.no_grad()
@@ -161,15 +150,10 @@ def train_image(
 
     last, best_path, log_path = out / "last.pt", out / "best.pt", out / "metrics.jsonl"
     start_epoch, best = 0, -math.inf
-    if resume and last.is_file():
-        state = load_checkpoint(last)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+    if resume:
+        start_epoch, best, state = resume_from(last, model, optimizer, world, log_path, per_epoch)
         if ema is not None and state.get("ema"):
             ema.module.load_state_dict(state["ema"])
-        start_epoch, best = int(state["epoch"]), float(state["best"])
-        if world.main:
-            truncate_metrics(log_path, start_epoch * per_epoch)
     trainable = model
     if world.size > 1:
         trainable = torch.nn.parallel.DistributedDataParallel(model)
@@ -197,21 +181,14 @@ def train_image(
                 out.name, total=total, completed=start_epoch * per_epoch, stats=""
             )
             for epoch in range(start_epoch, cfg.epochs):
-                order = seed_everything(recipe.seed * 1_000_003 + epoch + 7919 * world.rank)
-                sampler = None
-                if world.size > 1:  # the same permutation everywhere, a disjoint share each
-                    sampler = DistributedSampler(
-                        data.train, world.size, world.rank, seed=recipe.seed, drop_last=True
-                    )
-                    sampler.set_epoch(epoch)
-                loader = DataLoader(
+                loader = epoch_loader(
                     data.train,
-                    batch_size=batch // world.size,
-                    shuffle=sampler is None,
-                    sampler=sampler,
-                    drop_last=True,
-                    generator=order if sampler is None else None,
-                    num_workers=cfg.workers,
+                    batch // world.size,
+                    world,
+                    recipe.seed,
+                    epoch,
+                    cfg.workers,
+                    drop_last=True,  # Mixup needs full, even batches
                 )
                 model.train()
                 losses = []
