@@ -69,28 +69,26 @@ def _mega(n: int | None) -> str:
     return "-" if n is None else f"{n / 1e6:.2f}"
 
 
+def encoding_table(title: str, columns: tuple[str, ...]) -> Table:
+    """A table with an encoding column wide enough to read, the figures right-aligned."""
+    table = Table(title=title, title_justify="left")
+    for col in columns:
+        if col == "encoding":
+            table.add_column(col, min_width=10)
+        else:
+            table.add_column(col, justify="right")
+    return table
+
+
 def cost_table(results: list[Result], title: str) -> Table:
     """Counts, one row per encoding at the largest size it ran: what the model costs and what
     the encoding adds to it (differences from ``none`` at the same size)."""
-    table = Table(title=title, title_justify="left")
+    table = encoding_table(
+        title, ("encoding", "size", "params", "+params", "GMACs", "train", "+MMACs", "+Mops")
+    )
     table.caption = (
         "GMACs: one forward; train: forward + backward; +: what the encoding adds over none"
     )
-    for col in (
-        "encoding",
-        "size",
-        "params",
-        "+params",
-        "GMACs",
-        "train",
-        "+MMACs",
-        "+Mops",
-    ):
-        table.add_column(
-            col,
-            justify="left" if col == "encoding" else "right",
-            min_width=10 if col == "encoding" else None,
-        )
     for r in results:
         p = last_good(r)
         if p is None:
@@ -115,15 +113,10 @@ def cost_table(results: list[Result], title: str) -> Table:
 
 def speed_table(results: list[Result]) -> Table:
     """Peak memory and latency at the largest size each encoding ran, with growth exponents."""
-    table = Table(
-        title="memory and time (ratios to none measured in this run)", title_justify="left"
+    table = encoding_table(
+        "memory and time (ratios to none measured in this run)",
+        ("encoding", "peak MB", "x none", "ms", "IQR", "x none", "mem exp", "time exp"),
     )
-    for col in ("encoding", "peak MB", "x none", "ms", "IQR", "x none", "mem exp", "time exp"):
-        table.add_column(
-            col,
-            justify="left" if col == "encoding" else "right",
-            min_width=10 if col == "encoding" else None,
-        )
     for r in results:
         p = last_good(r)
         if p is None:

@@ -194,6 +194,12 @@ class RecipeWorkload:
         return TextSubject(model, task.vocab_size)
 
 
+def random_images(batch: int, channels: int, side: int, device: torch.device) -> Tensor:
+    """Square images of ``side`` px, the same for every encoding measured at that side."""
+    gen = torch.Generator().manual_seed(side)
+    return torch.randn(batch, channels, side, side, generator=gen).to(device)  # (B, C, S, S)
+
+
 # What a model needs from the data without reading it: classes and channels per data set.
 IMAGE_SHAPES = {
     "digits": (10, 1),
@@ -211,8 +217,7 @@ class ImageSubject:
     patch: int
 
     def inputs(self, size: int, batch: int, device: torch.device) -> tuple:
-        gen = torch.Generator().manual_seed(size)
-        return (torch.randn(batch, self.channels, size, size, generator=gen).to(device),)
+        return (random_images(batch, self.channels, size, device),)
 
     def forward(self, inputs: tuple) -> Tensor:
         return self.module(*inputs)
@@ -258,8 +263,7 @@ class DetectionSubject:
     stride: int
 
     def inputs(self, size: int, batch: int, device: torch.device) -> tuple:
-        gen = torch.Generator().manual_seed(size)
-        return (torch.randn(batch, 3, size, size, generator=gen).to(device),)
+        return (random_images(batch, 3, size, device),)
 
     def forward(self, inputs: tuple) -> Tensor:
         out = self.module(*inputs)
