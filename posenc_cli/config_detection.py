@@ -21,6 +21,8 @@ class DetectionModelConfig:
     backbone: Literal["resnet18", "resnet34", "resnet50"] = "resnet18"
     backbone_weights: str | None = None  # a local state_dict file; None = random init
     backbone_stride: int = 8  # 8, 16 or 32: which ResNet stage the features come from
+    # BatchNorm: frozen (DETR's, for loaded weights), batch (trained), auto (frozen iff weights)
+    backbone_norm: Literal["auto", "frozen", "batch"] = "auto"
     dim: int = 64
     heads: int = 4
     enc_layers: int = 2

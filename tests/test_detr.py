@@ -1,5 +1,6 @@
 """DETR-lite (posenc_cli/detection/detr.py, backbone.py): every 2D encoding trains, the backbone's
-BatchNorm is frozen and loads local weights, and position reaches the model only where asked."""
+BatchNorm is frozen or trained as asked and loads local weights, and position reaches the model
+only where asked."""
 
 from __future__ import annotations
 
@@ -109,7 +110,7 @@ def test_other_image_sizes_give_their_own_grid(sine, encoding):
 
 
 def test_backbone_batchnorm_is_frozen_in_train_mode():
-    backbone = Backbone("resnet18", stride=8).train()
+    backbone = Backbone("resnet18", stride=8, norm="frozen").train()
     norms = [m for m in backbone.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     assert norms == []
     frozen = [m for m in backbone.modules() if isinstance(m, FrozenBatchNorm2d)]
@@ -178,8 +179,36 @@ def test_weights_must_hold_exactly_the_kept_stages(tmp_path):
     # a resnet34 file has a third block in layer1: an unexpected key of a kept stage
     deeper = {**kept, "layer1.2.conv1.weight": kept["layer1.0.conv1.weight"]}
     torch.save(deeper, tmp_path / "deeper.pth")
-    with pytest.raises(UsageError, match="model.backbone_weights: .* does not fit resnet18"):
+    with pytest.raises(UsageError, match="has 1 key.*resnet18 lacks, first 'layer1.2.conv1"):
         Backbone("resnet18", stride=8, weights=str(tmp_path / "deeper.pth"))
+    wider = {**kept, "conv1.weight": torch.zeros(32, 3, 7, 7)}  # another width of stem
+    torch.save(wider, tmp_path / "wider.pth")
+    with pytest.raises(UsageError, match="model.backbone_weights: .* does not fit resnet18"):
+        Backbone("resnet18", stride=8, weights=str(tmp_path / "wider.pth"))
+
+
+def test_backbone_norm_auto_trains_batchnorm_from_scratch_and_freezes_loaded_weights(tmp_path):
+    scratch = Backbone("resnet18", stride=8)  # auto, no weights: ordinary BatchNorm
+    assert scratch.norm == "batch"
+    norms = [m for m in scratch.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert norms and not any(isinstance(m, FrozenBatchNorm2d) for m in scratch.modules())
+    assert all(m.weight.requires_grad for m in norms)
+    before = norms[0].running_mean.clone()
+    scratch.train()(images(batch=4))
+    assert not torch.equal(norms[0].running_mean, before)  # batch statistics are tracked
+    # the same file loads into either kind, with or without BatchNorm's step counters
+    state = {k: v for k, v in scratch.body.state_dict().items() if "num_batches" not in k}
+    torch.save(state, tmp_path / "r18.pth")
+    loaded = Backbone("resnet18", stride=8, weights=str(tmp_path / "r18.pth"))  # auto: frozen
+    assert loaded.norm == "frozen"
+    assert any(isinstance(m, FrozenBatchNorm2d) for m in loaded.modules())
+    trained = Backbone("resnet18", stride=8, weights=str(tmp_path / "r18.pth"), norm="batch")
+    x = images(batch=1)
+    scratch.eval(), loaded.eval(), trained.eval()
+    assert_close(loaded(x), scratch(x), atol=1e-5, rtol=1e-5)
+    assert_close(trained(x), scratch(x), atol=1e-5, rtol=1e-5)
+    with pytest.raises(UsageError, match="model.backbone_norm: unknown 'group'"):
+        Backbone("resnet18", norm="group")  # type: ignore[arg-type]
 
 
 def test_unknown_backbone_and_stride_are_usage_errors():

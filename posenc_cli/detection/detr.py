@@ -53,7 +53,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posenc_cli.detection.backbone import Backbone, BackboneName, Stride
+from posenc_cli.detection.backbone import Backbone, BackboneName, Norm, Stride
 from posenc_cli.encodings import ENCODINGS, build_encoding, user_params
 from posenc_cli.encodings.base import PositionEncoding, grid_positions
 from posenc_cli.encodings.sincos2d import SinCos2D
@@ -207,6 +207,7 @@ class DETRLite(nn.Module):
         backbone: BackboneName = "resnet18",
         backbone_weights: str | None = None,
         backbone_stride: Stride = 8,
+        backbone_norm: Norm = "auto",
         dim: int = 64,
         heads: int = 4,
         enc_layers: int = 2,
@@ -222,7 +223,7 @@ class DETRLite(nn.Module):
         super().__init__()
         check_detr_args(num_classes, dim, heads, enc_layers, dec_layers, num_queries, image_size)
         self.num_classes, self.num_queries = num_classes, num_queries
-        self.backbone = Backbone(backbone, backbone_stride, backbone_weights)
+        self.backbone = Backbone(backbone, backbone_stride, backbone_weights, backbone_norm)
         self.input_proj = nn.Conv2d(self.backbone.channels, dim, kernel_size=1)
         # no parameters; used for the encoder's q/k and the decoder's cross-attention keys
         self.sine = SinCos2D(dim=dim, where="qk") if sine else None
