@@ -145,3 +145,24 @@ def test_two_process_ddp_detection_run_on_cpu(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["final"]["epoch"] == 1
     assert (out / "eval.json").is_file()
+
+
+def test_a_sweep_in_two_processes_finishes_every_run(capsys, tmp_path):
+    """``--jobs 2``: the shapes set is written once before the workers start (two runs writing
+    it at once would race), and every run is trained and evaluated in its own process."""
+    path = write_recipe(tmp_path, sweep={"model.sine": [False, True]}, **{"train.epochs": 1})
+    out = tmp_path / "runs"
+    code, stdout, err = run(capsys, "train", str(path), "--out", str(out), "--jobs", "2")
+    assert code == 0, err
+    assert "2 runs in 2 processes" in err and "AP" in stdout
+    assert json.loads((out / "sweep.json").read_text())["runs"] == [
+        "model.sine=false",
+        "model.sine=true",
+    ]
+    for name in ("model.sine=false", "model.sine=true"):
+        assert (out / name / "eval.json").is_file() and (out / name / "summary.json").is_file()
+    # finished runs are kept on --resume, and a bad --jobs is a one-line error
+    code, _, err = run(capsys, "train", str(path), "--out", str(out), "--jobs", "2", "--resume")
+    assert code == 0 and err.count("finished earlier") == 2
+    code, _, err = run(capsys, "train", str(path), "--jobs", "0")
+    assert code == 2 and "--jobs 0" in err and "Traceback" not in err

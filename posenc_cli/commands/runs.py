@@ -28,6 +28,12 @@ def train_command(
         bool,
         typer.Option("--dry-run", help="Print the resolved recipe and the runs; train nothing."),
     ] = False,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            "--jobs", help="Train a sweep's runs in this many processes, sharing the CPU threads."
+        ),
+    ] = 1,
 ) -> None:
     """Train a recipe (every run of its sweep), then evaluate each run at the recipe's lengths.
 
@@ -35,9 +41,10 @@ def train_command(
     """
     from posenc_cli.config import dump_recipe, expand_sweep, load_recipe
     from posenc_cli.distributed import is_main_process
-    from posenc_cli.experiments import default_out, run_recipe
+    from posenc_cli.experiments import check_jobs, default_out, run_recipe
     from posenc_cli.train import TrainingStopped
 
+    check_jobs(jobs)
     resolved = load_recipe(recipe, list(overrides or []))
     if dry_run:
         print(dump_recipe(resolved), end="")
@@ -47,7 +54,7 @@ def train_command(
         return
     err = Console(stderr=True)
     try:
-        dirs = run_recipe(resolved, out, resume, err)
+        dirs = run_recipe(resolved, out, resume, err, jobs)
     except KeyboardInterrupt:
         err.print(
             "interrupted: the last checkpoint is saved; continue with the same command and --resume"
