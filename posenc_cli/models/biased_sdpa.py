@@ -3,13 +3,16 @@
 PyTorch's CPU flash kernel accepts an ``attn_mask`` but, when that mask needs a gradient
 (T5's learned bias table, Shaw's or XL's q-dependent terms), SDPA falls back to the math path,
 which materialises every (B, H, N, N) intermediate and measured 3.2x slower than no bias at
-N = 1024 here. This function keeps the flash kernel for the forward pass and for dq, dk, dv, and
-computes only the bias gradient itself, in query chunks:
+N = 1024 here. This function keeps the flash kernel for the forward pass and writes the backward
+pass itself, in query chunks that stay in cache, from the logsumexp the kernel saved:
 
     P = exp(q k^T * scale + bias - logsumexp),  dS = P * (dO v^T - rowsum(dO * O))
+    dq = dS k * scale,  dk = dS^T q * scale,  dv = P^T dO,  dbias = dS
 
-which is the softmax backward restricted to what the bias needs. On CUDA (or without a bias
-gradient) plain SDPA is used: its kernels already handle a bias gradient efficiently.
+One pass gives all four gradients: the bias gradient needs P and dS, which are also what dq, dk
+and dv are made of (calling the flash backward and then a separate bias pass built them twice).
+On CUDA (or without a bias gradient) plain SDPA is used: its kernels already handle a bias
+gradient efficiently.
 """
 
 from __future__ import annotations
@@ -41,39 +44,37 @@ class _FlashBiasAttention(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):
         q, k, v, bias, out, lse = ctx.saved_tensors
         scale = ctx.scale
-        grad_out = grad_out.contiguous()
-        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad_out, q, k, v, out, lse, 0.0, False, attn_mask=bias, scale=scale
-        )
+        B, H, N, _ = q.shape
+        Nk = k.shape[-2]
+        # contiguous once: otherwise every chunk's matmul copies all of k and v again
+        q, k, v, grad_out = (t.contiguous() for t in (q, k, v, grad_out))
+        row_dot = (grad_out * out).sum(-1, keepdim=True)  # (B, H, N, 1)
+        step = max(1, CHUNK_ELEMENTS // max(1, B * H * Nk))
+        batch_dims = [i for i in (0, 1) if bias.shape[i] == 1]
+        k_t, v_t = k.transpose(-2, -1), v.transpose(-2, -1)
+        # a bias broadcast over queries or keys is sliced as its full (.., N, Nk) view;
+        # reduce_to sums the gradient back to its shape at the end
+        full = bias.expand(*bias.shape[:2], N, Nk)
+        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         dbias = None
         if ctx.needs_input_grad[3]:
-            B, H, N, _ = q.shape
-            Nk = k.shape[-2]
-            row_dot = (grad_out * out).sum(-1, keepdim=True)  # (B, H, N, 1)
-            step = max(1, CHUNK_ELEMENTS // max(1, B * H * Nk))
-            batch_dims = [i for i in (0, 1) if bias.shape[i] == 1]
-            # contiguous once: otherwise every chunk's matmul copies all of k and v again
-            q, k, v, grad_out = (t.contiguous() for t in (q, k, v, grad_out))
-            k_t, v_t = k.transpose(-2, -1), v.transpose(-2, -1)
-            # a bias broadcast over queries or keys is sliced as its full (.., N, Nk) view;
-            # reduce_to sums the gradient back to its shape at the end
-            full = bias.expand(*bias.shape[:2], N, Nk)
-            dbias = torch.empty(
-                *(1 if i in batch_dims else q.shape[i] for i in (0, 1)),
-                N,
-                Nk,
-                dtype=q.dtype,
-                device=q.device,
-            )
-            for s in range(0, N, step):
-                rows = slice(s, s + step)
-                # in place where possible: these (B, H, c, Nk) blocks are the whole cost
-                prob = torch.matmul(q[:, :, rows], k_t).mul_(scale)
-                prob.add_(full[:, :, rows]).sub_(lse[:, :, rows, None]).exp_()
-                dscore = torch.matmul(grad_out[:, :, rows], v_t)
-                dscore.sub_(row_dot[:, :, rows]).mul_(prob)  # (B, H, c, Nk)
-                block = dscore.sum(dim=batch_dims, keepdim=True) if batch_dims else dscore
-                dbias[:, :, rows] = block
+            shape = [1 if i in batch_dims else q.shape[i] for i in (0, 1)]
+            dbias = torch.empty(*shape, N, Nk, dtype=q.dtype, device=q.device)
+        for s in range(0, N, step):
+            rows = slice(s, s + step)
+            # in place where possible: these (B, H, c, Nk) blocks are the whole cost
+            prob = torch.matmul(q[:, :, rows], k_t).mul_(scale)
+            prob.add_(full[:, :, rows]).sub_(lse[:, :, rows, None]).exp_()
+            dv.add_(torch.matmul(prob.transpose(-2, -1), grad_out[:, :, rows]))
+            dscore = torch.matmul(grad_out[:, :, rows], v_t)
+            dscore.sub_(row_dot[:, :, rows]).mul_(prob)  # (B, H, c, Nk)
+            dq[:, :, rows] = torch.matmul(dscore, k).mul_(scale)
+            dk.add_(torch.matmul(dscore.transpose(-2, -1), q[:, :, rows]), alpha=scale)
+            if dbias is not None and batch_dims:
+                dbias[:, :, rows] = dscore.sum(dim=batch_dims, keepdim=True)
+            elif dbias is not None:
+                dbias[:, :, rows] = dscore
+        if dbias is not None:
             dbias = reduce_to(dbias, bias.shape)
         return dq, dk, dv, dbias, None
 
