@@ -11,6 +11,10 @@ An encoding overrides only the hooks it needs; the defaults do nothing:
 - ``value(attn, q_pos, k_pos)``: a value-side term ``(B, H, Nq, d)`` added to ``attn @ v``
   (Shaw's a^V). An encoding with a value term needs the attention weights, so the attention module
   takes its manual path for it.
+- ``attend(q, k, v, q_pos, k_pos, scale, causal)``: the whole attention output from the
+  encoding's own kernel, or None (the default) to let the attention module combine the hooks
+  above. Asked only where no key mask, dropout or window applies (Shaw's clipped terms on the
+  flash kernel, ``models/clipped_attention.py``).
 - ``window_bias`` / ``window_value``: the same two terms for local k x k window attention on an
   image grid, where every patch query sees the same ``K = k*k`` slots, each at a fixed 2D offset.
   Only 2D encodings with a bias or value term implement them; the defaults say "no term".
@@ -77,6 +81,13 @@ class PositionEncoding(nn.Module):
         return None
 
     def value(self, attn: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        return None
+
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor, scale: float,
+        causal: bool,
+    ) -> Tensor | None:  # fmt: skip
+        """``(B, H, Nq, d)`` attention output computed by the encoding itself, or None."""
         return None
 
     def window_bias(self, q: Tensor, k_window: Tensor, offsets: Tensor) -> Tensor | None:

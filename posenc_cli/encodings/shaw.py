@@ -20,9 +20,13 @@ Conventions:
   non-zero addition to q.k and the value term to attn @ v (the paper does not state its
   initialiser; BERT's std 0.02 would make both terms nearly invisible at first).
 
-Efficiency: the key term is ``q @ w^K.T`` once per bucket, ``(B, H, Nq, 2k+1)``, then gathered
-by bucket id; the value term sums attention weights per bucket and multiplies by ``w^V``. No
-``(Nq, Nk, d)`` tensor is built (the paper's own implementation builds ``(N, N, d)``).
+Efficiency: on the CPU, over consecutive positions, ``attend`` hands the whole attention to
+``models/clipped_attention.py``: past distance k every pair of a query falls in one of the two
+end buckets, so those keys go through the flash kernel and only a band of width about 2k is
+computed explicitly. Elsewhere the generic hooks apply: the key term is ``q @ w^K.T`` once per
+bucket, ``(B, H, Nq, 2k+1)``, then gathered by bucket id; the value term sums attention weights
+per bucket and multiplies by ``w^V``. Neither builds an ``(Nq, Nk, d)`` tensor (the paper's own
+implementation builds ``(N, N, d)``).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from posenc_cli.encodings.base import (
     sum_per_bucket,
 )
 from posenc_cli.errors import UsageError
+from posenc_cli.models.clipped_attention import clipped_relative_attention
 
 
 def shaw_buckets(q_pos: Tensor, k_pos: Tensor, max_distance: int) -> Tensor:
@@ -106,6 +111,19 @@ class ShawRelative(PositionEncoding):
         ids = shaw_buckets(q_pos, k_pos, self.max_distance)  # (Nq, Nk)
         weight = sum_per_bucket(attn, ids, self.num_buckets)  # (B, H, Nq, 2k+1)
         return weight @ self.value_table  # (B, H, Nq, d)
+
+    def attend(self, q, k, v, q_pos, k_pos, scale, causal) -> Tensor | None:
+        consecutive = k_pos.dim() == 1 and bool((k_pos.diff() == 1).all())
+        if (
+            q.device.type != "cpu"
+            or q.dtype not in (torch.float32, torch.float64)
+            or not consecutive
+        ):
+            return None
+        return clipped_relative_attention(
+            q, k, v, self.key_table, self.value_table, self.max_distance, scale,
+            self.logit_scale(), causal,
+        )  # fmt: skip
 
     def extra_repr(self) -> str:
         return f"max_distance={self.max_distance}, key={self.use_key}, value={self.use_value}"

@@ -6,6 +6,8 @@ Paths:
 - manual: softmax(q k^T * scale + bias) computed explicitly, because a value-side term
   (Shaw's a^V) needs the attention weights.
 
+- the encoding's own: an encoding may compute the whole attention itself (``attend``; Shaw's
+  clipped terms on the flash kernel), asked first when there is no key mask and no dropout.
 - window: with ``window=k`` on an image grid, each patch attends to its k x k neighbourhood and
   the prefix tokens (``models/window.py``), O(N k^2 d) instead of O(N^2 d).
 
@@ -130,9 +132,13 @@ class Attention(nn.Module):
             out = window_attention(q, k, v, self.encoding, k_pos, self.window, scale)
             return self.proj(out.transpose(1, 2).reshape(B, N, D))
 
+        drop = self.dropout if self.training else 0.0
+        if key_mask is None and drop == 0.0:
+            out = self.encoding.attend(q, k, v, q_pos, k_pos, scale, self.causal)
+            if out is not None:
+                return self.proj(out.transpose(1, 2).reshape(B, N, D))
         bias = self.encoding.bias(q, k, q_pos, k_pos)  # (B|1, H, N, Nk) or None
         mask = attention_mask(q_pos, k_pos, self.causal, key_mask)
-        drop = self.dropout if self.training else 0.0
         small = N * Nk <= EXPLICIT_MAX_PAIRS and bias is not None and bias.requires_grad
         if self.encoding.uses_value or small:
             out = self.manual(q, k, v, bias, mask, scale, drop, q_pos, k_pos)

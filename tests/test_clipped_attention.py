@@ -1,0 +1,96 @@
+"""Shaw's clipped relative attention on the flash kernel (models/clipped_attention.py) against
+dense autograd in float64: output and every gradient, with far regions on both sides, memory,
+causal masks and either table alone; and the attention module taking it only where it applies."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import posenc_cli.models.clipped_attention as clipped
+from posenc_cli.encodings.shaw import ShawRelative, shaw_buckets
+from posenc_cli.models.attention import Attention
+
+
+def dense(q, k, v, key_table, value_table, clip, scale, key_scale, causal):
+    """softmax(q k^T s + s_K q . w^K[b]) (v + w^V[b]) with a full (N, Nk) bucket map."""
+    n, nk = q.shape[-2], k.shape[-2]
+    k_pos = torch.arange(nk)
+    ids = shaw_buckets(k_pos[nk - n :], k_pos, clip)  # (N, Nk)
+    logits = q @ k.transpose(-2, -1) * scale
+    if key_table is not None:
+        logits = logits + (q @ key_table.T * key_scale).gather(-1, ids.expand_as(logits))
+    if causal:
+        logits = logits.masked_fill(k_pos[None, :] > k_pos[nk - n :, None], float("-inf"))
+    prob = logits.softmax(-1)
+    out = prob @ v
+    if value_table is not None:
+        out = out + clipped.bucket_sums(prob, ids, 2 * clip + 1) @ value_table
+    return out
+
+
+CASES = [
+    (n, memory, clip, causal, tables)
+    for n, memory, clip, causal, tables in itertools.product(
+        [1, 13], [0, 6], [0, 2], [False, True], ["both", "key", "value"]
+    )
+]
+
+
+@pytest.mark.parametrize(("n", "memory", "clip", "causal", "tables"), CASES)
+def test_matches_dense_attention_and_its_gradients(monkeypatch, n, memory, clip, causal, tables):
+    monkeypatch.setattr(clipped, "BLOCK", 4)  # several blocks, each with far keys on both sides
+    gen = torch.Generator().manual_seed(n * 31 + memory * 7 + clip)
+    nk = n + memory
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64, requires_grad=True)
+
+    q, k, v = rand(2, 3, n, 8), rand(2, 3, nk, 8), rand(2, 3, nk, 8)
+    key_table = rand(2 * clip + 1, 8) if tables in ("both", "key") else None
+    value_table = rand(2 * clip + 1, 8) if tables in ("both", "value") else None
+    inputs = [t for t in (q, k, v, key_table, value_table) if t is not None]
+    args = (clip, 0.3, 0.4, causal)
+    got = clipped.clipped_relative_attention(q, k, v, key_table, value_table, *args)
+    want = dense(q, k, v, key_table, value_table, *args)
+    torch.testing.assert_close(got, want, atol=1e-9, rtol=1e-9)
+    weights = torch.randn(got.shape, generator=gen, dtype=torch.float64)
+    grads = torch.autograd.grad((got * weights).sum(), inputs)
+    expected = torch.autograd.grad((want * weights).sum(), inputs)
+    for a, b in zip(grads, expected, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9)
+
+
+def test_attention_takes_it_only_without_a_key_mask(monkeypatch):
+    torch.manual_seed(0)
+    enc = ShawRelative(max_distance=2, heads=2, head_dim=4)
+    attn = Attention(8, 2, enc).double()
+    x = torch.randn(2, 11, 8, dtype=torch.float64, requires_grad=True)
+    calls = []
+    original = clipped._ClippedRelativeAttention.apply
+    monkeypatch.setattr(
+        clipped._ClippedRelativeAttention,
+        "apply",
+        lambda *a: calls.append(1) or original(*a),
+    )
+    fast = attn(x)
+    assert calls == [1]
+    # an all-True key mask changes nothing but sends it down the generic path
+    generic = attn(x, key_mask=torch.ones(2, 11, dtype=torch.bool))
+    assert calls == [1]
+    torch.testing.assert_close(fast, generic, atol=1e-12, rtol=1e-12)
+    weights = torch.randn_like(fast)
+    params = [x, enc.key_table, enc.value_table, attn.q.weight]
+    for a, b in zip(
+        torch.autograd.grad((fast * weights).sum(), params),
+        torch.autograd.grad((generic * weights).sum(), params),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+    # positions that are not consecutive (a 2D grid, or a gap) also take the generic path
+    assert (
+        enc.attend(x[:, None], x[:, None], x[:, None], None, torch.tensor([0, 2, 3]), 1, False)
+        is None
+    )
