@@ -64,6 +64,7 @@ def test_matches_dense_attention_and_its_gradients(monkeypatch, n, memory, clip,
 
 
 def test_attention_takes_it_only_without_a_key_mask(monkeypatch):
+    monkeypatch.setattr(clipped, "MIN_PAIRS", 0)  # small sizes take the explicit path otherwise
     torch.manual_seed(0)
     enc = ShawRelative(max_distance=2, heads=2, head_dim=4)
     attn = Attention(8, 2, enc).double()
@@ -89,7 +90,11 @@ def test_attention_takes_it_only_without_a_key_mask(monkeypatch):
         strict=True,
     ):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
-    # positions that are not consecutive (a 2D grid, or a gap) also take the generic path
+    # short inputs, and positions that are not consecutive, also take the generic path
+    monkeypatch.setattr(clipped, "MIN_PAIRS", 11 * 11)
+    attn(x)
+    assert calls == [1]
+    monkeypatch.setattr(clipped, "MIN_PAIRS", 0)
     assert (
         enc.attend(x[:, None], x[:, None], x[:, None], None, torch.tensor([0, 2, 3]), 1, False)
         is None

@@ -208,7 +208,8 @@ def compare_command(
         str | None,
         typer.Option(
             "--metric",
-            help="text: token_accuracy, exact_match, loss, perplexity; image: top1, top5, loss",
+            help="text: token_accuracy, exact_match, loss, perplexity; image: top1, top5, loss; "
+            "detection: AP, AP50, AP75, APs, APm, APl, loss",
         ),
     ] = None,
     format: Annotated[

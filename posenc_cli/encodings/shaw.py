@@ -20,12 +20,13 @@ Conventions:
   non-zero addition to q.k and the value term to attn @ v (the paper does not state its
   initialiser; BERT's std 0.02 would make both terms nearly invisible at first).
 
-Efficiency: on the CPU, over consecutive positions, ``attend`` hands the whole attention to
-``models/clipped_attention.py``: past distance k every pair of a query falls in one of the two
-end buckets, so those keys go through the flash kernel and only a band of width about 2k is
-computed explicitly. Elsewhere the generic hooks apply: the key term is ``q @ w^K.T`` once per
-bucket, ``(B, H, Nq, 2k+1)``, then gathered by bucket id; the value term sums attention weights
-per bucket and multiplies by ``w^V``. Neither builds an ``(Nq, Nk, d)`` tensor (the paper's own
+Efficiency: on the CPU, over consecutive positions and above ``MIN_PAIRS`` (query, key) pairs,
+``attend`` hands the whole attention to ``models/clipped_attention.py``: past distance k every
+pair of a query falls in one of the two end buckets, so those keys go through the flash kernel
+and only a band of about 2k + 128 keys per block of 128 queries is computed explicitly.
+Elsewhere the generic hooks apply: the key term is ``q @ w^K.T`` once per bucket,
+``(B, H, Nq, 2k+1)``, then gathered by bucket id; the value term sums attention weights per
+bucket and multiplies by ``w^V``. Neither builds an ``(Nq, Nk, d)`` tensor (the paper's own
 implementation builds ``(N, N, d)``).
 """
 
@@ -41,7 +42,7 @@ from posenc_cli.encodings.base import (
     sum_per_bucket,
 )
 from posenc_cli.errors import UsageError
-from posenc_cli.models.clipped_attention import clipped_relative_attention
+from posenc_cli.models import clipped_attention
 
 
 def shaw_buckets(q_pos: Tensor, k_pos: Tensor, max_distance: int) -> Tensor:
@@ -113,6 +114,8 @@ class ShawRelative(PositionEncoding):
         return weight @ self.value_table  # (B, H, Nq, d)
 
     def attend(self, q, k, v, q_pos, k_pos, scale, causal) -> Tensor | None:
+        if q.shape[-2] * k.shape[-2] <= clipped_attention.MIN_PAIRS:
+            return None
         consecutive = k_pos.dim() == 1 and bool((k_pos.diff() == 1).all())
         if (
             q.device.type != "cpu"
@@ -120,7 +123,7 @@ class ShawRelative(PositionEncoding):
             or not consecutive
         ):
             return None
-        return clipped_relative_attention(
+        return clipped_attention.clipped_relative_attention(
             q, k, v, self.key_table, self.value_table, self.max_distance, scale,
             self.logit_scale(), causal,
         )  # fmt: skip

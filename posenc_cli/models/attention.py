@@ -169,9 +169,21 @@ class Attention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=scale)
 
     def manual(self, q, k, v, bias, mask, scale, drop, q_pos, k_pos) -> Tensor:
-        logits = (q @ k.transpose(-2, -1)) * scale  # (B, H, N, Nk)
-        if bias is not None:
-            logits = logits + bias
+        B, H, N, d = q.shape
+        Nk = k.shape[-2]
+        if bias is not None and bias.shape == (B, H, N, Nk):
+            # bias + scale * q k^T in one pass (a content-dependent bias is already full size)
+            flat = torch.baddbmm(
+                bias.reshape(B * H, N, Nk),
+                q.reshape(B * H, N, d),
+                k.reshape(B * H, Nk, d).transpose(-2, -1),
+                alpha=scale,
+            )
+            logits = flat.view(B, H, N, Nk)
+        else:
+            logits = (q @ k.transpose(-2, -1)) * scale  # (B, H, N, Nk)
+            if bias is not None:
+                logits = logits + bias
         if mask is not None:
             logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
         attn = logits.softmax(dim=-1)

@@ -32,6 +32,10 @@ import torch
 from torch import Tensor
 
 BLOCK = 128  # query rows per block: the near region is BLOCK x (BLOCK + 2K)
+# Below this many (query, key) pairs the explicit softmax path is faster: with B=4, H=8, d=64
+# and k=4 it measured 1.25x of no encoding against 1.38x here at N=384; at N=512 this path
+# measured 1.55x against 2.1x (benchmarks/attention_overhead.py shape).
+MIN_PAIRS = 384 * 384
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
