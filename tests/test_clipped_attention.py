@@ -11,6 +11,7 @@ import torch
 
 import posenc_cli.models.clipped_attention as clipped
 from posenc_cli.encodings.shaw import ShawRelative, shaw_buckets
+from posenc_cli.encodings.t5 import T5Bias
 from posenc_cli.models.attention import Attention
 
 
@@ -99,3 +100,36 @@ def test_attention_takes_it_only_without_a_key_mask(monkeypatch):
         enc.attend(x[:, None], x[:, None], x[:, None], None, torch.tensor([0, 2, 3]), 1, False)
         is None
     )
+
+
+@pytest.mark.parametrize(
+    ("bidirectional", "causal", "memory"), [(True, False, 0), (False, True, 5)]
+)
+def test_t5_bias_on_the_kernel_matches_the_dense_bias(monkeypatch, bidirectional, causal, memory):
+    """T5's buckets stop changing past max_distance: the same kernel, with a per-head bias
+    table instead of Shaw's key table, against the dense (H, N, N) bias and autograd."""
+    monkeypatch.setattr(clipped, "BLOCK", 4)
+    monkeypatch.setattr(clipped, "SATURATED_MIN_KEYS", 1)
+    torch.manual_seed(1)
+    enc = T5Bias(num_buckets=8, max_distance=6, bidirectional=bidirectional, heads=2, head_dim=4)
+    torch.nn.init.normal_(enc.table.weight)
+    n, nk = 23, 23 + memory
+    q = torch.randn(2, 2, n, 4, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(2, 2, nk, 4, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    k_pos = torch.arange(3, 3 + nk)
+    q_pos = k_pos[nk - n :]
+    got = enc.attend(q, k, v, q_pos, k_pos, 0.5, causal)
+    assert got is not None
+    logits = q @ k.transpose(-2, -1) * 0.5 + enc.bias(q, k, q_pos, k_pos).double()
+    if causal:
+        logits = logits.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
+    want = logits.softmax(-1) @ v
+    torch.testing.assert_close(got, want, atol=1e-9, rtol=1e-9)
+    weights = torch.randn_like(want)
+    inputs = (q, k, v, enc.table.weight)
+    for a, b in zip(
+        torch.autograd.grad((got * weights).sum(), inputs),
+        torch.autograd.grad((want * weights).sum(), inputs),
+        strict=True,
+    ):
+        torch.testing.assert_close(a.double(), b.double(), atol=1e-6, rtol=1e-6)

@@ -26,7 +26,10 @@ Conventions (DESIGN.md section 3):
   with ``d_model ** -0.5`` (``heads * head_dim`` equals ``d_model`` in our models).
 - Efficiency: bucket ids for distances ``-max_distance .. max_distance`` are computed once into a
   lookup table; every larger distance shares the last bucket of its side, so each call clamps the
-  relative positions and indexes the table (no logarithm per query-key pair).
+  relative positions and indexes the table (no logarithm per query-key pair). The same fact lets
+  ``attend`` send the keys past ``max_distance`` through the flash kernel on inputs of at least
+  ``16 max_distance`` keys (``models/clipped_attention.py``); shorter ones take the fused path
+  with ``models/biased_sdpa.py``.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from torch import Tensor, nn
 
 from posenc_cli.encodings.base import PositionEncoding, relative_positions
 from posenc_cli.errors import UsageError
+from posenc_cli.models import clipped_attention
 
 
 def bucket_layout(num_buckets: int, max_distance: int, bidirectional: bool) -> tuple[int, int]:
@@ -127,6 +131,25 @@ class T5Bias(PositionEncoding):
 
     def buckets(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, int]:
         return self.bucket_ids(q_pos, k_pos), self.num_buckets
+
+    def attend(self, q, k, v, q_pos, k_pos, scale, causal) -> Tensor | None:
+        """Past ``max_distance`` the bucket stops changing, so on long inputs the far keys go
+        through the flash kernel (``models/clipped_attention.py``) and only a band of about
+        ``2 max_distance + 128`` keys per 128 queries is computed explicitly."""
+        usable = (
+            q.device.type == "cpu"
+            and q.dtype in (torch.float32, torch.float64)
+            and torch.is_grad_enabled()  # without a table gradient the fused kernel is as fast
+            and k.shape[-2] >= clipped_attention.SATURATED_MIN_KEYS * self.max_distance
+            and k_pos.dim() == 1
+            and bool((k_pos.diff() == 1).all())
+        )
+        if not usable:
+            return None
+        table = self.table.weight.t().to(q.dtype)  # (H, nb)
+        return clipped_attention.saturating_bias_attention(
+            q, k, v, table, self.lookup, scale, causal
+        )
 
     def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         ids = self.bucket_ids(q_pos, k_pos)  # (Nq, Nk)
