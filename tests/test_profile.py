@@ -114,7 +114,7 @@ def test_live_tensor_bytes_follows_allocations_and_frees():
 def test_memory_exponents_of_full_and_window_attention():
     """A materialised (N, N) bias grows memory ~N^2; 7 x 7 windows grow it ~N."""
     sizes = [256, 1024, 4096]
-    full = LayerWorkload(dim=8, heads=1).subject("t5")
+    full = LayerWorkload(dim=8, heads=1).subject("alibi")  # its (H, N, N) bias is materialised
     window = LayerWorkload(dim=8, heads=1, window=7).subject("irpe")
     for subject, low, high in ((full, 1.8, 2.1), (window, 0.9, 1.1)):
         peaks = [
