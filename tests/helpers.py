@@ -1,14 +1,24 @@
-"""Small builders shared by the tests: one encoding plus the one attention module."""
+"""Small builders shared by the tests: one encoding plus the one attention module, the CLI."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import Tensor, nn
 
+from posenc_cli.cli import main
 from posenc_cli.encodings import build_encoding
 from posenc_cli.models.attention import Attention
 
 DIM, HEADS = 32, 4
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    """``posenc ARGS`` in-process: (exit status, stdout, stderr)."""
+    with pytest.raises(SystemExit) as done:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return done.value.code or 0, out, err
 
 
 class Layer(nn.Module):

@@ -7,15 +7,8 @@ import json
 import pytest
 
 from posenc_cli import __version__
-from posenc_cli.cli import main
 from posenc_cli.encodings import ENCODINGS
-
-
-def run(capsys, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as done:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return done.value.code or 0, out, err
+from tests.helpers import run
 
 
 def test_version(capsys):

@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from posenc_cli.cli import main
 from posenc_cli.config import dump_recipe, expand_sweep, load_recipe
 from posenc_cli.errors import UsageError
 from posenc_cli.train_detection import train_detection
-from tests.helpers import run_torchrun, torchrun_available
+from tests.helpers import run, run_torchrun, torchrun_available
 
 TINY = {
     "kind": "detection",
@@ -46,13 +45,6 @@ def write_recipe(tmp_path: Path, **changes) -> Path:
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(tree))
     return path
-
-
-def run(capsys, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as done:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return done.value.code or 0, out, err
 
 
 def test_detection_recipe_round_trips(tmp_path):

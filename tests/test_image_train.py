@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from posenc_cli.cli import main
 from posenc_cli.config import dump_recipe, expand_sweep, load_recipe
 from posenc_cli.errors import UsageError
 from posenc_cli.train_image import train_image
-from tests.helpers import run_torchrun, torchrun_available
+from tests.helpers import run, run_torchrun, torchrun_available
 
 TINY = {
     "kind": "image",
@@ -37,13 +36,6 @@ def write_recipe(tmp_path: Path, **changes) -> Path:
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(tree))
     return path
-
-
-def run(capsys, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as done:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return done.value.code or 0, out, err
 
 
 def test_image_recipe_round_trips_through_dump(tmp_path):

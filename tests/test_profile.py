@@ -10,21 +10,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from posenc_cli.cli import main
 from posenc_cli.models.text import TextModel
 from posenc_cli.profiling.flops import count_ops
 from posenc_cli.profiling.memory import LiveTensorBytes, peak_bytes
 from posenc_cli.profiling.sweep import Sweep, fit_exponent, make_step
 from posenc_cli.profiling.workloads import LayerWorkload, near_square
+from tests.helpers import run
 
 CPU = torch.device("cpu")
-
-
-def run(capsys, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as done:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return done.value.code or 0, out, err
 
 
 @pytest.mark.parametrize("causal", [False, True])
