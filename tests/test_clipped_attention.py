@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import posenc_cli.models.clipped_attention as clipped
+from posenc_cli.encodings.base import gather_buckets, sum_per_bucket
 from posenc_cli.encodings.shaw import ShawRelative, shaw_buckets
 from posenc_cli.encodings.t5 import T5Bias
 from posenc_cli.models.attention import Attention
@@ -22,13 +23,13 @@ def dense(q, k, v, key_table, value_table, clip, scale, key_scale, causal):
     ids = shaw_buckets(k_pos[nk - n :], k_pos, clip)  # (N, Nk)
     logits = q @ k.transpose(-2, -1) * scale
     if key_table is not None:
-        logits = logits + (q @ key_table.T * key_scale).gather(-1, ids.expand_as(logits))
+        logits = logits + gather_buckets(q @ key_table.T * key_scale, ids)
     if causal:
         logits = logits.masked_fill(k_pos[None, :] > k_pos[nk - n :, None], float("-inf"))
     prob = logits.softmax(-1)
     out = prob @ v
     if value_table is not None:
-        out = out + clipped.bucket_sums(prob, ids, 2 * clip + 1) @ value_table
+        out = out + sum_per_bucket(prob, ids, 2 * clip + 1) @ value_table
     return out
 
 

@@ -114,14 +114,8 @@ class ShawRelative(PositionEncoding):
         return weight @ self.value_table  # (B, H, Nq, d)
 
     def attend(self, q, k, v, q_pos, k_pos, scale, causal) -> Tensor | None:
-        if q.shape[-2] * k.shape[-2] <= clipped_attention.MIN_PAIRS:
-            return None
-        consecutive = k_pos.dim() == 1 and bool((k_pos.diff() == 1).all())
-        if (
-            q.device.type != "cpu"
-            or q.dtype not in (torch.float32, torch.float64)
-            or not consecutive
-        ):
+        large = q.shape[-2] * k.shape[-2] > clipped_attention.MIN_PAIRS
+        if not (large and clipped_attention.applies(q, k_pos)):
             return None
         return clipped_attention.clipped_relative_attention(
             q, k, v, self.key_table, self.value_table, self.max_distance, scale,

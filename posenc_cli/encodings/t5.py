@@ -137,12 +137,9 @@ class T5Bias(PositionEncoding):
         through the flash kernel (``models/clipped_attention.py``) and only a band of about
         ``2 max_distance + 128`` keys per 128 queries is computed explicitly."""
         usable = (
-            q.device.type == "cpu"
-            and q.dtype in (torch.float32, torch.float64)
-            and torch.is_grad_enabled()  # without a table gradient the fused kernel is as fast
+            torch.is_grad_enabled()  # without a table gradient the fused kernel is as fast
             and k.shape[-2] >= clipped_attention.SATURATED_MIN_KEYS * self.max_distance
-            and k_pos.dim() == 1
-            and bool((k_pos.diff() == 1).all())
+            and clipped_attention.applies(q, k_pos)
         )
         if not usable:
             return None

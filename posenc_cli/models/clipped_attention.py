@@ -35,6 +35,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from posenc_cli.encodings.base import gather_buckets, sum_per_bucket
+
 BLOCK = 128  # query rows per block: the near region is BLOCK x (BLOCK + 2K)
 # Below this many (query, key) pairs the explicit softmax path is faster: with B=4, H=8, d=64
 # and k=4 it measured 1.25x of no encoding against 1.38x here at N=384; at N=512 this path
@@ -47,6 +49,17 @@ SATURATED_MIN_KEYS = 16
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+def applies(q: Tensor, k_pos: Tensor) -> bool:
+    """Whether the kernel can run: the CPU flash kernel in float32/64, over consecutive 1D
+    positions (the regions are ranges of key indices)."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype in (torch.float32, torch.float64)
+        and k_pos.dim() == 1
+        and bool((k_pos.diff() == 1).all())
+    )
 
 
 class Block:
@@ -68,12 +81,6 @@ class Block:
 
     def far_regions(self, keys: int) -> tuple[slice, slice]:
         return slice(0, self.left), slice(self.right, keys)
-
-
-def bucket_sums(x: Tensor, ids: Tensor, buckets: int) -> Tensor:
-    """``(B, H, c, w)`` summed per bucket of ``ids`` ``(c, w)`` -> ``(B, H, c, buckets)``."""
-    out = x.new_zeros(*x.shape[:-1], buckets)
-    return out.scatter_add_(-1, ids.expand_as(x), x)
 
 
 def merge(parts: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
@@ -200,7 +207,7 @@ def _key_term(q, key_table, bias_table, key_scale: float, buckets: int) -> Tenso
 
 def _near_logits(blk: Block, q: Tensor, k: Tensor, key_term: Tensor, scale: float) -> Tensor:
     logits = q @ k[:, :, blk.near].transpose(-2, -1) * scale  # (B, H, c, w)
-    logits = logits + key_term.gather(-1, blk.ids.expand_as(logits))
+    logits = logits + gather_buckets(key_term, blk.ids)
     if blk.allowed is not None:
         logits = logits.masked_fill(~blk.allowed, float("-inf"))
     return logits
@@ -213,7 +220,7 @@ def _near_forward(blk, q, k, v, key_term, value_table, scale, buckets) -> tuple[
     prob = (logits - lse[..., None]).exp()
     out = prob @ v[:, :, blk.near]
     if value_table is not None:
-        out = out + bucket_sums(prob, blk.ids, buckets) @ value_table
+        out = out + sum_per_bucket(prob, blk.ids, buckets) @ value_table
     return out, lse
 
 
@@ -222,12 +229,18 @@ def _near_backward(blk, q, k, v, grad, lse, row_dot, key_term, value_table, scal
     prob = (_near_logits(blk, q, k, key_term, scale) - lse[..., None]).exp()  # true weights
     d_prob = grad @ v[:, :, blk.near].transpose(-2, -1)  # (B, H, c, w)
     if value_table is not None:
-        d_prob = d_prob + (grad @ value_table.T).gather(-1, blk.ids.expand_as(d_prob))
+        d_prob = d_prob + gather_buckets(grad @ value_table.T, blk.ids)
     d_logits = prob * (d_prob - row_dot[..., None])
     dq = d_logits @ k[:, :, blk.near] * scale
     dk = d_logits.transpose(-2, -1) @ q * scale
     dv = prob.transpose(-2, -1) @ grad
-    return dq, dk, dv, bucket_sums(d_logits, blk.ids, buckets), bucket_sums(prob, blk.ids, buckets)
+    return (
+        dq,
+        dk,
+        dv,
+        sum_per_bucket(d_logits, blk.ids, buckets),
+        sum_per_bucket(prob, blk.ids, buckets),
+    )
 
 
 def clipped_relative_attention(
