@@ -141,6 +141,17 @@ def sum_per_bucket(attn: Tensor, bucket: Tensor, num_buckets: int) -> Tensor:
     return out.scatter_add_(-1, index, attn)
 
 
+def table_bias(table: Tensor, bucket: Tensor) -> Tensor:
+    """A content-free bias from a per-head table: ``(H, nb)`` by ``(Nq, Nk)`` ids ->
+    ``(1, H, Nq, Nk)``.
+
+    ``index_select`` on the contiguous table, whose backward is an index_add: advanced indexing's
+    backward, an accumulating index_put, measured 1.7x slower for T5's table at N = 1024.
+    """
+    picked = table.contiguous().index_select(1, bucket.reshape(-1))  # (H, Nq * Nk)
+    return picked.view(1, table.shape[0], *bucket.shape)
+
+
 def gather_buckets(scores: Tensor, bucket: Tensor) -> Tensor:
     """Pick each pair's bucket score: ``(B, H, Nq, nb)`` by ``(Nq, Nk)`` ids -> ``(B, H, Nq, Nk)``.
 

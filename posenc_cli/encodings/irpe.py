@@ -66,7 +66,12 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from posenc_cli.encodings.base import PositionEncoding, gather_buckets, sum_per_bucket
+from posenc_cli.encodings.base import (
+    PositionEncoding,
+    gather_buckets,
+    sum_per_bucket,
+    table_bias,
+)
 from posenc_cli.encodings.irpe_index import (
     DEFAULT_RATIO,
     METHODS,
@@ -319,14 +324,14 @@ class ImageRPE(PositionEncoding):
             ids = self.pair_bucket_ids(q_pos, k_pos)  # [(Nq, Nk)]
             for table, idx in zip(self._letter_tables("k"), ids, strict=True):
                 if self.mode == "bias":
-                    terms.append(_pick(table, idx))  # (1, H|1, Nq, Nk)
+                    terms.append(table_bias(table, idx))  # (1, H|1, Nq, Nk)
                 else:
                     terms.append(gather_buckets(self._per_bucket(q, table), idx))  # (B, H, Nq, Nk)
         if "q" in self.on:
             ids_t = self.pair_bucket_ids(k_pos, q_pos)  # [(Nk, Nq)]: b(j, i), key minus query
             for table, idx in zip(self._letter_tables("q"), ids_t, strict=True):
                 if self.mode == "bias":
-                    terms.append(_pick(table, idx.T))  # (1, H|1, Nq, Nk)
+                    terms.append(table_bias(table, idx.T))  # (1, H|1, Nq, Nk)
                 else:
                     # term[i, j] = per_key[j, b(j, i)]: picked from the flattened (key, bucket)
                     # scores straight into (query, key) order. index_select's forward and its
@@ -390,13 +395,6 @@ class ImageRPE(PositionEncoding):
             term = attn @ (slots[0] if slots.shape[0] == 1 else slots)  # (B, H, Nq, d)
             out = term if out is None else out + term
         return out
-
-
-def _pick(table: Tensor, ids: Tensor) -> Tensor:
-    """``table[:, ids]`` as ``(1, H|1, Nq, Nk)`` for a bias table ``(H|1, nb)``: index_select,
-    whose backward is an index_add (advanced indexing's backward, an accumulating index_put,
-    measured 1.7x slower for T5's table)."""
-    return table.index_select(1, ids.reshape(-1)).view(1, table.shape[0], *ids.shape)
 
 
 __all__ = [

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from posenc_cli.encodings.base import PositionEncoding
+from posenc_cli.encodings.base import PositionEncoding, table_bias
 from posenc_cli.errors import UsageError
 
 
@@ -91,7 +91,7 @@ class SwinBias(PositionEncoding):
             )
         index = swin_index(q_pos, k_pos, self.height, self.width)  # (Nq, Nk)
         entries = torch.cat([self.table, self.prefix_bias[None]])  # (entries + 1, heads)
-        return entries[index].permute(2, 0, 1)[None]  # (1, heads, Nq, Nk)
+        return table_bias(entries.t(), index)  # (1, heads, Nq, Nk)
 
     def window_bias(self, q: Tensor, k_window: Tensor, offsets: Tensor) -> Tensor:
         reach = int(offsets.abs().max())

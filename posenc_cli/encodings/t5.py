@@ -39,7 +39,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from posenc_cli.encodings.base import PositionEncoding, relative_positions
+from posenc_cli.encodings.base import PositionEncoding, relative_positions, table_bias
 from posenc_cli.errors import UsageError
 from posenc_cli.models import clipped_attention
 
@@ -150,7 +150,4 @@ class T5Bias(PositionEncoding):
 
     def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         ids = self.bucket_ids(q_pos, k_pos)  # (Nq, Nk)
-        # index_select on a contiguous (H, nb) table: its backward is an index_add, measured
-        # 1.7x faster than advanced indexing's accumulating index_put at N = 1024
-        per_head = self.table.weight.t().contiguous()  # (H, nb)
-        return per_head.index_select(1, ids.flatten()).view(1, -1, *ids.shape)  # (1, H, Nq, Nk)
+        return table_bias(self.table.weight.t(), ids)  # (1, H, Nq, Nk)
