@@ -72,3 +72,13 @@ def run_torchrun(args: list[str], port: int, processes: int = 2):
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=240)
+
+
+def ddp_train(args: list[str], out, port: int) -> dict:
+    """``posenc train ARGS --out OUT`` in 2 processes on the CPU; asserts it exits 0 and returns
+    the run's summary.json."""
+    import json
+
+    proc = run_torchrun(["train", *args, "--out", str(out)], port=port)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads((out / "summary.json").read_text())

@@ -13,7 +13,7 @@ import yaml
 from posenc_cli.config import dump_recipe, expand_sweep, load_recipe
 from posenc_cli.errors import UsageError
 from posenc_cli.train_detection import train_detection
-from tests.helpers import run, run_torchrun, torchrun_available
+from tests.helpers import ddp_train, run, torchrun_available
 
 TINY = {
     "kind": "detection",
@@ -132,9 +132,7 @@ def test_shipped_detection_recipes_validate():
 def test_two_process_ddp_detection_run_on_cpu(tmp_path):
     path = write_recipe(tmp_path, **{"train.epochs": 1, "train.device": "cpu"})
     out = tmp_path / "ddp"
-    proc = run_torchrun(["train", str(path), "--out", str(out)], port=29521)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    summary = json.loads((out / "summary.json").read_text())
+    summary = ddp_train([str(path)], out, port=29521)
     assert summary["world_size"] == 2 and summary["final"]["epoch"] == 1
     assert (out / "eval.json").is_file()
 

@@ -4,11 +4,7 @@ evaluate and compare through the real command line, and a 2-process DDP run."""
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +13,7 @@ import torch
 from posenc_cli.config import load_recipe
 from posenc_cli.metrics import Tally
 from posenc_cli.train import TrainingStopped, train
-from tests.test_cli import run
+from tests.helpers import ddp_train, run, torchrun_available
 
 TINY = [
     "sweep=null",
@@ -226,34 +222,9 @@ def test_dry_run_prints_the_resolved_recipe_and_trains_nothing(tmp_path, capsys)
     assert not (tmp_path / "x").exists()
 
 
-@pytest.mark.skipif(
-    shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
-    reason="torchrun not installed",
-)
+@pytest.mark.skipif(not torchrun_available(), reason="torchrun not installed")
 def test_two_process_ddp_run_on_cpu(tmp_path):
-    torchrun = str(Path(sys.executable).parent / "torchrun")
     out = tmp_path / "ddp"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [
-            torchrun,
-            "--nproc_per_node=2",
-            "--master_port=29517",
-            "-m",
-            "posenc_cli",
-            "train",
-            "quickstart",
-            *TINY,
-            "train.steps=4",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    summary = json.loads((out / "summary.json").read_text())
+    summary = ddp_train(["quickstart", *TINY, "train.steps=4"], out, port=29517)
     assert summary["world_size"] == 2 and summary["final"]["step"] == 4
     assert not list(out.glob(".*.tmp"))

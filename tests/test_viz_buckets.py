@@ -7,7 +7,7 @@ import json
 import pytest
 
 from posenc_cli.encodings.t5 import relative_position_bucket
-from tests.test_cli import run
+from tests.helpers import run
 
 
 def test_t5_json_ids_follow_relative_position_bucket(capsys):
