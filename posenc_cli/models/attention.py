@@ -5,9 +5,9 @@ Paths:
   ``attn_mask``. Taken whenever the encoding has no value-side term.
 - manual: softmax(q k^T * scale + bias) computed explicitly, because a value-side term
   (Shaw's a^V) needs the attention weights.
-
 - the encoding's own: an encoding may compute the whole attention itself (``attend``; Shaw's
-  clipped terms on the flash kernel), asked first when there is no key mask and no dropout.
+  and T5's clipped terms on the flash kernel), asked first when there is no key mask and no
+  dropout.
 - window: with ``window=k`` on an image grid, each patch attends to its k x k neighbourhood and
   the prefix tokens (``models/window.py``), O(N k^2 d) instead of O(N^2 d).
 
@@ -88,6 +88,11 @@ class Attention(nn.Module):
         B, N, _ = x.shape
         return x.view(B, N, self.heads, self.head_dim).transpose(1, 2)  # (B, H, N, d)
 
+    def merge_heads(self, out: Tensor) -> Tensor:
+        """``(B, H, N, d)`` head outputs -> ``(B, N, D)`` through the output projection."""
+        B, H, N, d = out.shape
+        return self.proj(out.transpose(1, 2).reshape(B, N, H * d))
+
     def forward(
         self,
         x: Tensor,
@@ -130,13 +135,13 @@ class Attention(nn.Module):
                     "and takes no memory or key mask"
                 )
             out = window_attention(q, k, v, self.encoding, k_pos, self.window, scale)
-            return self.proj(out.transpose(1, 2).reshape(B, N, D))
+            return self.merge_heads(out)
 
         drop = self.dropout if self.training else 0.0
         if key_mask is None and drop == 0.0:
             out = self.encoding.attend(q, k, v, q_pos, k_pos, scale, self.causal)
             if out is not None:
-                return self.proj(out.transpose(1, 2).reshape(B, N, D))
+                return self.merge_heads(out)
         bias = self.encoding.bias(q, k, q_pos, k_pos)  # (B|1, H, N, Nk) or None
         mask = attention_mask(q_pos, k_pos, self.causal, key_mask)
         small = N * Nk <= EXPLICIT_MAX_PAIRS and bias is not None and bias.requires_grad
@@ -145,7 +150,7 @@ class Attention(nn.Module):
         else:
             plain_causal = self.causal and key_mask is None and N == Nk
             out = self.fused(q, k, v, bias, mask, scale, drop, plain_causal)
-        return self.proj(out.transpose(1, 2).reshape(B, N, D))
+        return self.merge_heads(out)
 
     def fused(self, q, k, v, bias, mask, scale, drop, plain_causal) -> Tensor:
         if bias is None and plain_causal:
