@@ -12,7 +12,7 @@ import torch
 import posenc_cli.models.clipped_attention as clipped
 from posenc_cli.encodings.base import gather_buckets, sum_per_bucket
 from posenc_cli.encodings.shaw import ShawRelative, shaw_buckets
-from posenc_cli.encodings.t5 import T5Bias
+from posenc_cli.encodings.t5 import T5Bias, relative_position_bucket
 from posenc_cli.models.attention import Attention
 
 
@@ -134,3 +134,67 @@ def test_t5_bias_on_the_kernel_matches_the_dense_bias(monkeypatch, bidirectional
         strict=True,
     ):
         torch.testing.assert_close(a.double(), b.double(), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("n", "memory", "clip", "block", "causal"),
+    [(37, 0, 2, 4, False), (37, 5, 3, 4, True), (50, 0, 0, 7, False), (9, 3, 6, 2, False)],
+)
+def test_layout_covers_every_pair_once_with_far_pairs_in_their_end_bucket(
+    monkeypatch, n, memory, clip, block, causal
+):
+    """Near windows and far rectangles tile the (query, key) grid: every allowed pair once, and a
+    far rectangle only holds pairs whose bucket is its side's last one."""
+    monkeypatch.setattr(clipped, "BLOCK", block)
+    keys = n + memory
+    layout = clipped.Layout(n, keys, causal, torch.arange(2 * clip + 1))
+    count = torch.zeros(n, keys, dtype=torch.long)
+    for blk in layout.blocks:
+        count[blk.rows, blk.near] += 1
+    rel = torch.arange(keys)[None, :] - (torch.arange(n)[:, None] + memory)  # key - query
+    for side, rectangles in enumerate(layout.far):
+        for rows, cols in rectangles:
+            count[rows, cols] += 1
+            far = rel[rows, cols]
+            assert bool((far <= -clip).all()) if side == 0 else bool((far >= clip).all())
+    covered = count if not causal else count.masked_select(rel <= 0)
+    assert bool((covered == 1).all())
+    if causal:
+        assert not layout.far[1]
+
+
+def test_saturated_core_keeps_every_t5_bucket():
+    """T5's default buckets stop changing at distance 91, not at max_distance 128: the trimmed
+    lookup gives the published bucket for every relative position."""
+    enc = T5Bias()
+    core = clipped.saturated_core(enc.lookup)
+    clip = (len(core) - 1) // 2
+    assert clip == 91
+    rel = torch.arange(-300, 301)
+    assert torch.equal(core[rel.clamp(-clip, clip) + clip], relative_position_bucket(rel))
+    assert torch.equal(clipped.saturated_core(torch.arange(9)), torch.arange(9))  # Shaw's
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_many_blocks_match_dense_attention(monkeypatch, causal):
+    """Ten blocks: the far staircase is cut into rectangles over several levels."""
+    monkeypatch.setattr(clipped, "BLOCK", 4)
+    gen = torch.Generator().manual_seed(3)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64, requires_grad=True)
+
+    q, k, v = rand(2, 2, 37, 8), rand(2, 2, 40, 8), rand(2, 2, 40, 8)
+    key_table, value_table = rand(5, 8), rand(5, 8)
+    args = (2, 0.3, 0.4, causal)
+    got = clipped.clipped_relative_attention(q, k, v, key_table, value_table, *args)
+    want = dense(q, k, v, key_table, value_table, *args)
+    torch.testing.assert_close(got, want, atol=1e-9, rtol=1e-9)
+    inputs = (q, k, v, key_table, value_table)
+    weights = torch.randn(got.shape, generator=gen, dtype=torch.float64)
+    for a, b in zip(
+        torch.autograd.grad((got * weights).sum(), inputs),
+        torch.autograd.grad((want * weights).sum(), inputs),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9)

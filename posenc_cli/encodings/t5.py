@@ -26,10 +26,11 @@ Conventions (DESIGN.md section 3):
   with ``d_model ** -0.5`` (``heads * head_dim`` equals ``d_model`` in our models).
 - Efficiency: bucket ids for distances ``-max_distance .. max_distance`` are computed once into a
   lookup table; every larger distance shares the last bucket of its side, so each call clamps the
-  relative positions and indexes the table (no logarithm per query-key pair). The same fact lets
-  ``attend`` send the keys past ``max_distance`` through the flash kernel on inputs of at least
-  ``16 max_distance`` keys (``models/clipped_attention.py``); shorter ones take the fused path
-  with ``models/biased_sdpa.py``.
+  relative positions and indexes the table (no logarithm per query-key pair). Buckets stop
+  changing even earlier (from distance 91 with the defaults): ``attend`` sends the keys past that
+  distance through the flash kernel on inputs of at least ``SATURATED_MIN_KEYS`` times it
+  (``models/clipped_attention.py``); shorter ones take the fused path with
+  ``models/biased_sdpa.py``.
 """
 
 from __future__ import annotations
@@ -116,6 +117,9 @@ class T5Bias(PositionEncoding):
         span = torch.arange(-max_distance, max_distance + 1)  # (2 md + 1,)
         lookup = relative_position_bucket(span, self.bidirectional, num_buckets, max_distance)
         self.register_buffer("lookup", lookup, persistent=False)
+        # the part of it where buckets still change: the near band of the clipped kernel
+        band = clipped_attention.saturated_core(lookup)
+        self.register_buffer("band_lookup", band, persistent=False)
 
     def extra_repr(self) -> str:
         return (
@@ -133,19 +137,19 @@ class T5Bias(PositionEncoding):
         return self.bucket_ids(q_pos, k_pos), self.num_buckets
 
     def attend(self, q, k, v, q_pos, k_pos, scale, causal) -> Tensor | None:
-        """Past ``max_distance`` the bucket stops changing, so on long inputs the far keys go
-        through the flash kernel (``models/clipped_attention.py``) and only a band of about
-        ``2 max_distance + 128`` keys per 128 queries is computed explicitly."""
+        """Past a distance K the bucket stops changing, so on long inputs the far keys go through
+        the flash kernel (``models/clipped_attention.py``) and only a band of ``2K + 128`` keys
+        per 128 queries is computed explicitly."""
         usable = (
             torch.is_grad_enabled()  # without a table gradient the fused kernel is as fast
-            and k.shape[-2] >= clipped_attention.SATURATED_MIN_KEYS * self.max_distance
+            and k.shape[-2] >= clipped_attention.SATURATED_MIN_KEYS * (len(self.band_lookup) // 2)
             and clipped_attention.applies(q, k_pos)
         )
         if not usable:
             return None
         table = self.table.weight.t().to(q.dtype)  # (H, nb)
         return clipped_attention.saturating_bias_attention(
-            q, k, v, table, self.lookup, scale, causal
+            q, k, v, table, self.band_lookup, scale, causal
         )
 
     def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:

@@ -3,49 +3,57 @@
 Shaw et al.'s key and value terms look up a table row by ``clip(j - i, -K, K)``. For a block of
 queries ``i in [s, e)`` the keys fall in three regions:
 
-- far left, ``j < s - K``: every pair is in bucket 0, so the key term is one number per query,
-  ``q_i . w^K[0]``, and the value term the one vector ``w^V[0]``;
+- far left, ``j < s - K``: every pair is in the first bucket, so the key term is one number per
+  query, ``q_i . w^K[0]``, and the value term the one vector ``w^V[0]``;
 - far right, ``j > e - 1 + K``: the same with the last bucket;
 - near, the ``c + 2K`` keys in between, where the buckets vary.
 
-A per-query constant added to a region's logits only shifts that region's logsumexp, so each far
-region is plain attention: the flash kernel gives its output and logsumexp, the constant is added
-to the logsumexp, and the regions are merged by their logsumexps (the flash-decoding merge). The
-near region is small and computed explicitly. The value term of a far region is its softmax mass
-times the one table row. No (N, N) tensor exists in either pass.
+A per-query constant added to a region's logits only shifts that region's logsumexp, so the far
+regions are plain attention: the flash kernel gives their output and logsumexp, the constant is
+added to the logsumexp, and the regions are merged by their logsumexps (the flash-decoding
+merge). The near region is small and computed explicitly. The value term of a far region is its
+softmax mass times the one table row. No (N, N) tensor exists in either pass.
+
+The far regions of all blocks together form a staircase. It is cut into rectangles recursively
+(the rows of the upper half of the blocks take the keys that all of them share, then each half
+again), so most pairs go through a few kernel calls with hundreds of query rows: with 128 rows a
+call measured 1.35x the time per pair of one with 1024.
 
 Backward: the flash backward takes ``out`` and ``lse`` as given and forms
 ``dS = P * (dO v^T - rowsum(dO * out))`` with ``P = exp(q k^T * scale - lse)``. Giving it the total
 logsumexp minus the region's constant (the true probabilities) and ``out - w^V[b]`` (so that the
-row sum carries the value term) makes its dq, dk, dv exactly the region's share of the true
+row sum carries the value term) makes its dq, dk, dv exactly the rectangle's share of the true
 gradient. The key-term and table gradients of a far region are one number per query,
 ``sum_j dS_ij = mass * dO . (o_region + w^V[b] - out)``.
 
-T5's buckets also stop changing past ``max_distance``: the same kernel takes its per-head bias
-table in place of Shaw's key term (``saturating_bias_attention``), with the buckets of the band
-read from T5's lookup table.
+T5's buckets also stop changing past a distance (91 with the default 32 buckets and
+``max_distance`` 128): the same kernel takes its per-head bias table in place of Shaw's key term
+(``saturating_bias_attention``), with the buckets of the band read from T5's lookup table.
 
 Positions must be consecutive (``k_pos = arange(start, start + Nk)``, queries the last ``Nq``),
-with no key mask and no dropout; ``ShawRelative.attend`` checks this and otherwise lets the
-attention module take its generic path.
+with no key mask and no dropout; ``applies`` checks the first, the attention module the rest.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
 
 from posenc_cli.encodings.base import gather_buckets, sum_per_bucket
+from posenc_cli.models.biased_sdpa import reduce_to
 
 BLOCK = 128  # query rows per block: the near region is BLOCK x (BLOCK + 2K)
-# Below this many (query, key) pairs the explicit softmax path is faster: with B=4, H=8, d=64
-# and k=4 it measured 1.25x of no encoding against 1.38x here at N=384; at N=512 this path
-# measured 1.55x against 2.1x (benchmarks/attention_overhead.py shape).
-MIN_PAIRS = 384 * 384
-# T5: the band is 2 max_distance + BLOCK keys wide, so the kernel pays only when the keys are many
-# times max_distance. With max_distance 128 (B=4, H=8, d=64): at N = 1024 it measured 1.46-1.59x
-# of no encoding against 1.38-1.46x for biased_sdpa; at N = 2048 1.55x against 1.76x.
-SATURATED_MIN_KEYS = 16
+# Up to this many (query, key) pairs Shaw's explicit softmax path is faster: with B=4, H=8,
+# d=64 and k=4 (benchmarks/attention_overhead.py shape, one layer) it measured 1.34x of no
+# encoding against 1.41x here at N=256, and 1.55x against 1.44x at N=384.
+MIN_PAIRS = 256 * 256
+# T5: the near band is BLOCK + 2K keys wide (K = 91 by default), so the kernel pays only from
+# several times K keys on: at N=512 it measured 1.27x of no encoding against 1.35x for
+# biased_sdpa, at N=256 1.28x against 1.16x.
+SATURATED_MIN_KEYS = 5
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -62,125 +70,214 @@ def applies(q: Tensor, k_pos: Tensor) -> bool:
     )
 
 
+def saturated_core(lookup: Tensor) -> Tensor:
+    """The shortest centred part of a bucket ``lookup`` over relative positions ``-K..K`` past
+    whose ends the bucket no longer changes: the same buckets with the smallest near band."""
+    clip = (len(lookup) - 1) // 2
+    keep = clip
+    while (
+        keep > 0 and lookup[clip - keep + 1] == lookup[0] and lookup[clip + keep - 1] == lookup[-1]
+    ):
+        keep -= 1
+    return lookup[clip - keep : clip + keep + 1]
+
+
 class Block:
-    """The key regions of query rows ``[s, e)`` (key index ``i + offset``), clip distance K;
+    """The near keys of query rows ``[s, e)`` (key index ``i + offset``), clip distance K;
     ``lookup[r + K]`` is the bucket of relative position r in -K..K."""
 
     def __init__(self, s: int, e: int, offset: int, keys: int, causal: bool, lookup: Tensor):
         clip, device = (len(lookup) - 1) // 2, lookup.device
         self.rows = slice(s, e)
-        self.left = min(max(s + offset - clip, 0), keys)  # far left: keys [0, left)
-        right = min(max(e + offset + clip, self.left), keys)
-        # far right: keys [right, keys), none under a causal mask (they are all in the future)
-        self.right = keys if causal else right
-        self.near = slice(self.left, right)
+        left = min(max(s + offset - clip, 0), keys)  # far left: keys [0, left)
+        right = min(max(e + offset + clip, left), keys)  # far right: keys [right, keys)
+        self.near = slice(left, right)
         query = torch.arange(s, e, device=device)[:, None] + offset  # (c, 1)
-        rel = torch.arange(self.left, right, device=device)[None, :] - query  # (c, w)
+        rel = torch.arange(left, right, device=device)[None, :] - query  # (c, w)
         self.ids = lookup[rel.clamp(-clip, clip) + clip]  # (c, w) bucket of every near pair
         self.allowed = rel <= 0 if causal else None  # (c, w) or None
 
-    def far_regions(self, keys: int) -> tuple[slice, slice]:
-        return slice(0, self.left), slice(self.right, keys)
+
+class Layout:
+    """Every block's near keys, and the far keys of both sides cut into rectangles
+    ``(rows, keys)``; a causal mask leaves no far right (those keys are all in the future)."""
+
+    def __init__(self, n: int, keys: int, causal: bool, lookup: Tensor):
+        offset = keys - n
+        self.blocks = [
+            Block(s, min(n, s + BLOCK), offset, keys, causal, lookup) for s in range(0, n, BLOCK)
+        ]
+        self.n = n
+        lefts = [b.near.start for b in self.blocks]
+        rights = [b.near.stop for b in self.blocks]
+        count = len(self.blocks)
+        left = [(rows, slice(a, b)) for rows, a, b in self._left(lefts, 0, count, 0) if b > a]
+        right = (
+            []
+            if causal
+            else [
+                (rows, slice(a, b)) for rows, a, b in self._right(rights, 0, count, keys) if b > a
+            ]
+        )
+        self.far = (left, right)
+
+    def _rows(self, lo: int, hi: int) -> slice:
+        return slice(lo * BLOCK, min(hi * BLOCK, self.n))
+
+    def _left(self, bounds, lo, hi, start) -> Iterator[tuple[slice, int, int]]:
+        """Blocks ``[lo, hi)`` need keys ``[start, bounds[b])``, bounds non-decreasing."""
+        if hi - lo == 1:
+            yield self._rows(lo, hi), start, bounds[lo]
+            return
+        mid = (lo + hi) // 2
+        yield self._rows(mid, hi), start, bounds[mid]  # shared by every block from mid on
+        yield from self._left(bounds, lo, mid, start)
+        yield from self._left(bounds, mid, hi, bounds[mid])
+
+    def _right(self, bounds, lo, hi, stop) -> Iterator[tuple[slice, int, int]]:
+        """Blocks ``[lo, hi)`` need keys ``[bounds[b], stop)``, bounds non-decreasing."""
+        if hi - lo == 1:
+            yield self._rows(lo, hi), bounds[lo], stop
+            return
+        mid = (lo + hi) // 2
+        yield self._rows(lo, mid), bounds[mid - 1], stop  # shared by every block before mid
+        yield from self._right(bounds, lo, mid, bounds[mid - 1])
+        yield from self._right(bounds, mid, hi, stop)
 
 
 def merge(parts: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
-    """Outputs ``(B, H, c, d)`` with logsumexps ``(B, H, c)`` of disjoint key regions -> the
-    output and logsumexp of attention over their union."""
+    """Outputs ``(B, H, N, d)`` with logsumexps ``(B, H, N)`` of disjoint key regions -> the
+    output and logsumexp of attention over their union (the first output is overwritten)."""
     lse = torch.logsumexp(torch.stack([lse for _, lse in parts]), dim=0)
-    out = sum(out * (part_lse - lse).exp()[..., None] for out, part_lse in parts)
+    (out, first_lse), rest = parts[0], parts[1:]
+    out = out.mul_((first_lse - lse).exp()[..., None])
+    for part, part_lse in rest:
+        out.addcmul_(part, (part_lse - lse).exp()[..., None])
     return out, lse
+
+
+def _accumulate(out: Tensor, lse: Tensor, rows: slice, part: Tensor, part_lse: Tensor) -> None:
+    """Merge one rectangle's output and logsumexp into the running ones of its rows."""
+    old = lse[:, :, rows]
+    new = torch.logaddexp(old, part_lse)
+    out[:, :, rows] = (
+        out[:, :, rows] * (old - new).exp()[..., None] + part * (part_lse - new).exp()[..., None]
+    )
+    lse[:, :, rows] = new
 
 
 class _ClippedRelativeAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, key_table, bias_table, value_table, lookup, scale, key_scale, causal):
         B, H, N, d = q.shape
-        keys = k.shape[-2]
-        offset = keys - N
+        # once here rather than a copy of every block's slice in each matmul
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        layout = Layout(N, k.shape[-2], causal, lookup)
         buckets = _buckets(key_table, bias_table, value_table)
-        ends = _ends(lookup)
-        out = torch.empty_like(q)
-        lse = q.new_empty(B, H, N)
-        far = q.new_zeros(2, B, H, N, d)  # the far regions' own outputs, for the backward pass
+        term = _term(q, key_table, bias_table, key_scale)
+        scaled = q * scale
+        near, near_lse = torch.empty_like(q), q.new_empty(B, H, N)
+        scratch = Scratch(q, layout)
+        for blk in layout.blocks:
+            near[:, :, blk.rows], near_lse[:, :, blk.rows] = _near_forward(
+                blk, scaled, k, v, term, value_table, buckets, scratch
+            )
+        # each far side's own output and logsumexp (without its constant), kept for backward
+        far = q.new_zeros(2, B, H, N, d)
         far_lse = q.new_full((2, B, H, N), float("-inf"))
-        for s in range(0, N, BLOCK):
-            blk = Block(s, min(N, s + BLOCK), offset, keys, causal, lookup)
-            rows = blk.rows
-            qb = q[:, :, rows]
-            key_term = _key_term(
-                qb, key_table, bias_table, key_scale, buckets
-            )  # (B, H, c, buckets)
-            parts = [_near_forward(blk, qb, k, v, key_term, value_table, scale, buckets)]
-            for (side, bucket), region in zip(ends, blk.far_regions(keys), strict=True):
-                if region.stop <= region.start:
-                    continue
-                o, region_lse = _flash(qb, k[:, :, region], v[:, :, region], scale=scale)
-                region_lse = region_lse + key_term[..., bucket]
-                far[side, :, :, rows], far_lse[side, :, :, rows] = o, region_lse
-                if value_table is not None:
-                    o = o + value_table[bucket]
-                parts.append((o, region_lse))
-            out[:, :, rows], lse[:, :, rows] = merge(parts)
-        ctx.save_for_backward(q, k, v, key_table, bias_table, value_table, lookup, out, lse)
+        parts = [(near, near_lse)]
+        for (side, bucket), rectangles in zip(_ends(lookup), layout.far, strict=True):
+            for rows, keys in rectangles:
+                o, o_lse = _flash(q[:, :, rows], k[:, :, keys], v[:, :, keys], scale=scale)
+                _accumulate(far[side], far_lse[side], rows, o, o_lse)
+            if rectangles:
+                part = far[side] if value_table is None else far[side] + value_table[bucket]
+                parts.append((part, far_lse[side] + _shift(term, bucket)))
+        out, lse = merge(parts)
+        ctx.save_for_backward(
+            q, scaled, k, v, key_table, bias_table, value_table, lookup, out, lse
+        )  # fmt: skip
         ctx.far = (far, far_lse)
         ctx.args = (scale, key_scale, causal)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, key_table, bias_table, value_table, lookup, out, lse = ctx.saved_tensors
+        q, scaled, k, v, key_table, bias_table, value_table, lookup, out, lse = ctx.saved_tensors
         far, far_lse = ctx.far
         scale, key_scale, causal = ctx.args
-        B, H, N, d = q.shape
-        keys = k.shape[-2]
-        offset = keys - N
+        N, d = q.shape[-2:]
+        layout = Layout(N, k.shape[-2], causal, lookup)
         buckets = _buckets(key_table, bias_table, value_table)
-        ends = _ends(lookup)
+        term = _term(q, key_table, bias_table, key_scale)
         grad_out = grad_out.contiguous()
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        d_key_term = q.new_zeros(B, H, N, buckets)  # gradient of each query's bucket logit
-        mass = q.new_zeros(B, H, N, buckets)  # attention weight per bucket, for d w^V
-        row_dot = (grad_out * out).sum(-1)  # (B, H, N)
-        for s in range(0, N, BLOCK):
-            blk = Block(s, min(N, s + BLOCK), offset, keys, causal, lookup)
-            rows = blk.rows
-            qb, gb, ob, lb = q[:, :, rows], grad_out[:, :, rows], out[:, :, rows], lse[:, :, rows]
-            key_term = _key_term(qb, key_table, bias_table, key_scale, buckets)
-            grads = _near_backward(
-                blk, qb, k, v, gb, lb, row_dot[:, :, rows], key_term, value_table, scale, buckets
+        grads = Grads(q, k, term, value_table, buckets, Scratch(q, layout))
+        row_dot = torch.linalg.vecdot(grad_out, out)  # (B, H, N)
+        for blk in layout.blocks:
+            _near_backward(
+                blk, scaled, k, v, grad_out, lse, row_dot, term, value_table, scale, grads
             )
-            dq[:, :, rows] += grads[0]
-            dk[:, :, blk.near] += grads[1]
-            dv[:, :, blk.near] += grads[2]
-            d_key_term[:, :, rows] += grads[3]
-            mass[:, :, rows] += grads[4]
-            for (side, bucket), region in zip(ends, blk.far_regions(keys), strict=True):
-                if region.stop <= region.start:
-                    continue
-                row = value_table[bucket] if value_table is not None else q.new_zeros(d)
-                shift = key_term[..., bucket]  # (B, H, c)
+        for (side, bucket), rectangles in zip(_ends(lookup), layout.far, strict=True):
+            if not rectangles:
+                continue
+            row = value_table[bucket] if value_table is not None else None
+            shift = _shift(term, bucket)
+            # what makes the kernel's dS the true one
+            out_row = out if row is None else out - row
+            lse_row = lse if term is None else lse - shift
+            for rows, keys in rectangles:
                 g_q, g_k, g_v = _flash_backward(
-                    gb, qb, k[:, :, region], v[:, :, region], ob - row, lb - shift,
-                    0.0, False, scale=scale,
+                    grad_out[:, :, rows], q[:, :, rows], k[:, :, keys], v[:, :, keys],
+                    out_row[:, :, rows], lse_row[:, :, rows], 0.0, False, scale=scale,
                 )  # fmt: skip
-                dq[:, :, rows] += g_q
-                dk[:, :, region] += g_k
-                dv[:, :, region] += g_v
-                weight = (far_lse[side, :, :, rows] - lb).exp()  # (B, H, c) softmax mass
-                o_row = far[side, :, :, rows] + row
-                d_key_term[:, :, rows, bucket] += weight * (
-                    (gb * o_row).sum(-1) - row_dot[:, :, rows]
-                )
-                mass[:, :, rows, bucket] += weight
+                grads.dq[:, :, rows].add_(g_q)
+                grads.dk[:, :, keys].add_(g_k)
+                grads.dv[:, :, keys].add_(g_v)
+            weight = (far_lse[side] + shift - lse).exp()  # (B, H, N) softmax mass of the side
+            if grads.term is not None:
+                o_row = far[side] if row is None else far[side] + row
+                d_logit = weight * (torch.linalg.vecdot(grad_out, o_row) - row_dot)
+                grads.term[..., bucket] += reduce_to(d_logit, grads.term.shape[:-1])
+            if grads.mass is not None:
+                grads.mass[..., bucket] += weight
+        return (
+            *grads.result(q, grad_out, key_table, bias_table, key_scale),
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+class Grads:
+    """Gradient accumulators: dq, dk, dv, the logit term per bucket (shaped like the term, so
+    T5's per-head bias sums over batch and rows as it goes) and the softmax mass per bucket."""
+
+    def __init__(self, q, k, term: Tensor | None, value_table, buckets: int, scratch: Scratch):
+        self.scratch = scratch
+        self.dq, self.dk, self.dv = q.new_zeros(q.shape), k.new_zeros(k.shape), k.new_zeros(k.shape)
+        self.term = torch.zeros_like(term) if term is not None else None
+        self.mass = q.new_zeros(*q.shape[:-1], buckets) if value_table is not None else None
+
+    def add_term(self, rows: slice, per_bucket: Tensor) -> None:
+        if self.term.shape[2] == 1:
+            self.term += per_bucket.sum(2, keepdim=True)
+        else:
+            self.term[:, :, rows] += per_bucket
+
+    def result(self, q, grad_out, key_table, bias_table, key_scale):
         d_key_table = d_bias_table = d_value_table = None
         if bias_table is not None:
-            d_bias_table = d_key_term.sum(dim=(0, 2))  # (H, nb)
+            d_bias_table = self.term.sum(dim=(0, 2))  # (H, nb)
         if key_table is not None:
-            dq += d_key_term @ key_table * key_scale
-            d_key_table = d_key_term.reshape(-1, buckets).T @ q.reshape(-1, d) * key_scale
-        if value_table is not None:
-            d_value_table = mass.reshape(-1, buckets).T @ grad_out.reshape(-1, d)
-        return dq, dk, dv, d_key_table, d_bias_table, d_value_table, None, None, None, None
+            buckets = key_table.shape[0]
+            self.dq += self.term @ key_table * key_scale
+            flat = self.term.reshape(-1, buckets).T
+            d_key_table = flat @ q.reshape(-1, q.shape[-1]) * key_scale
+        if self.mass is not None:
+            flat = self.mass.reshape(-1, self.mass.shape[-1]).T
+            d_value_table = flat @ grad_out.reshape(-1, grad_out.shape[-1])
+        return self.dq, self.dk, self.dv, d_key_table, d_bias_table, d_value_table
 
 
 def _buckets(key_table, bias_table, value_table) -> int:
@@ -194,53 +291,85 @@ def _ends(lookup: Tensor) -> tuple[tuple[int, int], tuple[int, int]]:
     return (0, int(lookup[0])), (1, int(lookup[-1]))
 
 
-def _key_term(q, key_table, bias_table, key_scale: float, buckets: int) -> Tensor:
-    """Each query's logit term for every bucket, ``(B, H, c, buckets)``: ``q . w^K[b] *
-    key_scale`` (Shaw) plus ``bias_table[h, b]`` (T5); zeros with neither."""
-    term = q.new_zeros(*q.shape[:-1], buckets)
-    if key_table is not None:
-        term = term + q @ key_table.T * key_scale
+def _term(q, key_table, bias_table, key_scale: float) -> Tensor | None:
+    """Each query's logit term for every bucket: ``q . w^K[b] * key_scale`` (Shaw,
+    ``(B, H, N, nb)``) plus ``bias_table[h, b]`` (T5, ``(1, H, 1, nb)``); None with neither."""
+    term = q @ key_table.T * key_scale if key_table is not None else None
     if bias_table is not None:
-        term = term + bias_table[:, None, :]  # (H, 1, nb): the same for every query
+        bias = bias_table[None, :, None, :]
+        term = bias if term is None else term + bias
     return term
 
 
-def _near_logits(blk: Block, q: Tensor, k: Tensor, key_term: Tensor, scale: float) -> Tensor:
-    logits = q @ k[:, :, blk.near].transpose(-2, -1) * scale  # (B, H, c, w)
-    logits = logits + gather_buckets(key_term, blk.ids)
+def _shift(term: Tensor | None, bucket: int) -> Tensor | float:
+    """A far side's constant logit term, ``(B|1, H, N|1)``."""
+    return term[..., bucket] if term is not None else 0.0
+
+
+def _rows_of(term: Tensor, rows: slice) -> Tensor:
+    if term.shape[2] == 1:
+        return term.expand(-1, -1, rows.stop - rows.start, -1)
+    return term[:, :, rows]
+
+
+class Scratch:
+    """Two reused ``(B, H, c, w)`` buffers for the near blocks: a fresh one per block costs page
+    faults that measured about a third of the time of the matmul that fills it."""
+
+    def __init__(self, q: Tensor, layout: Layout):
+        widths = [blk.near.stop - blk.near.start for blk in layout.blocks]
+        size = q.shape[0] * q.shape[1] * BLOCK * max(widths)
+        self.flat = (q.new_empty(size), q.new_empty(size))
+
+    def take(self, which: int, shape: tuple[int, ...]) -> Tensor:
+        return self.flat[which][: math.prod(shape)].view(shape)
+
+
+def _near_logits(blk: Block, scaled_q: Tensor, k: Tensor, term: Tensor | None, out: Tensor):
+    torch.matmul(scaled_q[:, :, blk.rows], k[:, :, blk.near].transpose(-2, -1), out=out)
+    if term is not None:
+        out += gather_buckets(_rows_of(term, blk.rows), blk.ids)
     if blk.allowed is not None:
-        logits = logits.masked_fill(~blk.allowed, float("-inf"))
-    return logits
+        out.masked_fill_(~blk.allowed, float("-inf"))
+    return out
 
 
-def _near_forward(blk, q, k, v, key_term, value_table, scale, buckets) -> tuple[Tensor, Tensor]:
+def _near_shape(blk: Block, q: Tensor) -> tuple[int, int, int, int]:
+    return (*q.shape[:2], blk.rows.stop - blk.rows.start, blk.near.stop - blk.near.start)
+
+
+def _near_forward(blk, scaled_q, k, v, term, value_table, buckets, scratch):
     """Output (normalised within the near keys) and logsumexp of the near region."""
-    logits = _near_logits(blk, q, k, key_term, scale)
-    lse = torch.logsumexp(logits, dim=-1)  # (B, H, c)
-    prob = (logits - lse[..., None]).exp()
-    out = prob @ v[:, :, blk.near]
+    logits = _near_logits(blk, scaled_q, k, term, scratch.take(0, _near_shape(blk, scaled_q)))
+    top = logits.amax(dim=-1, keepdim=True)  # the diagonal key is always allowed: finite
+    weight = logits.sub_(top).exp_()  # unnormalised: one pass fewer than a logsumexp
+    total = weight.sum(dim=-1, keepdim=True)
+    out = weight @ v[:, :, blk.near]
     if value_table is not None:
-        out = out + sum_per_bucket(prob, blk.ids, buckets) @ value_table
-    return out, lse
+        out += sum_per_bucket(weight, blk.ids, buckets) @ value_table
+    return out.div_(total), (top + total.log()).squeeze(-1)
 
 
-def _near_backward(blk, q, k, v, grad, lse, row_dot, key_term, value_table, scale, buckets):
-    """The near region's share of dq, dk, dv, of the key-term gradient and of the bucket mass."""
-    prob = (_near_logits(blk, q, k, key_term, scale) - lse[..., None]).exp()  # true weights
-    d_prob = grad @ v[:, :, blk.near].transpose(-2, -1)  # (B, H, c, w)
+def _near_backward(blk, scaled_q, k, v, grad_out, lse, row_dot, term, value_table, scale, grads):
+    """Add the near region's share of every gradient to ``grads``."""
+    rows, near = blk.rows, blk.near
+    shape = _near_shape(blk, scaled_q)
+    prob = _near_logits(blk, scaled_q, k, term, grads.scratch.take(0, shape))
+    prob.sub_(lse[:, :, rows, None]).exp_()  # the true weights
+    grad = grad_out[:, :, rows]
+    d_logits = grads.scratch.take(1, shape)  # first d_prob
+    torch.matmul(grad, v[:, :, near].transpose(-2, -1), out=d_logits)
     if value_table is not None:
-        d_prob = d_prob + gather_buckets(grad @ value_table.T, blk.ids)
-    d_logits = prob * (d_prob - row_dot[..., None])
-    dq = d_logits @ k[:, :, blk.near] * scale
-    dk = d_logits.transpose(-2, -1) @ q * scale
-    dv = prob.transpose(-2, -1) @ grad
-    return (
-        dq,
-        dk,
-        dv,
-        sum_per_bucket(d_logits, blk.ids, buckets),
-        sum_per_bucket(prob, blk.ids, buckets),
-    )
+        d_logits += gather_buckets(grad @ value_table.T, blk.ids)
+    d_logits.sub_(row_dot[:, :, rows, None]).mul_(prob)
+    grads.dq[:, :, rows].add_(d_logits @ k[:, :, near], alpha=scale)
+    grads.dk[:, :, near].add_(d_logits.transpose(-2, -1) @ scaled_q[:, :, rows])
+    grads.dv[:, :, near].add_(prob.transpose(-2, -1) @ grad)
+    if grads.term is not None:
+        summed = reduce_to(d_logits, (grads.term.shape[0], *d_logits.shape[1:]))
+        grads.add_term(rows, sum_per_bucket(summed, blk.ids, grads.term.shape[-1]))
+    if grads.mass is not None:
+        grads.mass[:, :, rows] += sum_per_bucket(prob, blk.ids, grads.mass.shape[-1])
 
 
 def clipped_relative_attention(
