@@ -132,6 +132,23 @@ def test_attention_equals_the_dense_equations(method, mode, on, shared_head, hei
     assert_close(att(x, positions=pos), expected, **TIGHT)
 
 
+@pytest.mark.parametrize("method,on", list(itertools.product(METHODS, ONS)))
+@pytest.mark.parametrize("shared_head", [True, False])
+def test_gradients_equal_the_dense_equations(method, on, shared_head):
+    """Contextual terms take the hand-written backward (models/bucket_attention.py): every
+    gradient, input and tables, against autograd through the dense equations."""
+    enc = build(method=method, mode="contextual", on=on, shared_head=shared_head)
+    att = attention(enc)
+    pos = grid_positions(3, 4, 1)
+    x = rand(2, len(pos), DIM).requires_grad_()
+    weights = rand(2, len(pos), DIM, seed=5)
+    params = [x, *att.parameters()]
+    got = torch.autograd.grad((att(x, positions=pos) * weights).sum(), params)
+    want = torch.autograd.grad((dense_reference(att, x, 3, 4, 1) * weights).sum(), params)
+    for a, b in zip(got, want, strict=True):
+        assert_close(a, b, **TIGHT)
+
+
 def test_the_reference_sees_every_term():
     """Guard against a vacuous reference: each letter changes the output."""
     pos = grid_positions(3, 3, 1)

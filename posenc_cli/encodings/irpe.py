@@ -56,7 +56,10 @@ table (``cross_table``, rebuilt from the two learned tables on every call, so gr
 both) by one id per pair (``cross_ids``), the same gather as product. Bucket ids are looked up in
 an offset table (``bucket_table``) cached per grid span and device, and the pair ids of the last
 positions seen are cached per shape (checked by value, so a stale entry is never used). The
-cached ids are plain tensors, not buffers: they live on the positions' device.
+cached ids are plain tensors, not buffers: they live on the positions' device. In contextual mode
+``attend`` runs the whole attention with a hand-written backward (``models/bucket_attention.py``:
+one logits buffer, softmax in place); at DeiT-Ti shape that took q+k from 1.41x to 1.30x of no
+iRPE in an interleaved A/B run.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ from posenc_cli.encodings.irpe_index import (
     piecewise_index,
 )
 from posenc_cli.errors import UsageError
+from posenc_cli.models import bucket_attention
 
 Mode = Literal["bias", "contextual"]
 On = Literal["k", "q", "v", "qk", "kv", "qv", "qkv"]
@@ -349,6 +353,26 @@ class ImageRPE(PositionEncoding):
         for term in terms[1:]:
             total = total + term
         return total
+
+    def attend(self, q, k, v, q_pos, k_pos, scale, causal) -> Tensor | None:
+        """Contextual terms on the explicit path with a hand-written backward
+        (``models/bucket_attention.py``), up to the size where the explicit path pays; bias
+        mode, and larger inputs without a value term, take the attention module's paths."""
+        small = q.shape[-2] * k.shape[-2] <= bucket_attention.EXPLICIT_MAX_PAIRS
+        if self.mode != "contextual" or causal or not (small or self.uses_value):
+            return None
+        ids = self.pair_bucket_ids(q_pos, k_pos) if "k" in self.on or "v" in self.on else []
+        rows = cols = values = []
+        if "k" in self.on:
+            tables = self._letter_tables("k")
+            rows = [(self._per_bucket(q, t), i) for t, i in zip(tables, ids, strict=True)]
+        if "q" in self.on:
+            ids_t = self.pair_bucket_ids(k_pos, q_pos)  # b(j, i): key minus query
+            tables = self._letter_tables("q")
+            cols = [(self._per_bucket(k, t), i) for t, i in zip(tables, ids_t, strict=True)]
+        if "v" in self.on:
+            values = list(zip(self._letter_tables("v"), ids, strict=True))
+        return bucket_attention.bucket_attention(q, k, v, scale, rows, cols, values)
 
     def value(self, attn: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         if "v" not in self.on:

@@ -25,13 +25,8 @@ from posenc_cli.encodings.absolute import NoPosition
 from posenc_cli.encodings.base import PositionEncoding
 from posenc_cli.errors import UsageError
 from posenc_cli.models.biased_sdpa import biased_attention
+from posenc_cli.models.bucket_attention import EXPLICIT_MAX_PAIRS
 from posenc_cli.models.window import window_attention
-
-# Below this many (query, key) pairs a learned bias is cheaper on the explicit softmax path than
-# on the flash kernel plus a separate bias-gradient pass (benchmarks/irpe_overhead.py --explicit:
-# at DeiT-Ti shape, N = 197, 1.31x -> 0.99x of no bias; T5 at B=4, H=8, N=384: 1.45x -> 1.32x);
-# from N = 512 on the flash path wins (T5: 1.49x against 1.78x).
-EXPLICIT_MAX_PAIRS = 384 * 384
 
 
 def attention_mask(

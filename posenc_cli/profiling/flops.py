@@ -40,9 +40,16 @@ def _cpu_sdpa_backward(grad_out, query, key, value, *args, out_shape=None, **kwa
     return sdpa_backward_flop_count(grad_out, query, key, value)
 
 
-CPU_SDPA_FORMULAS = {
+def _inplace_baddbmm(self, batch1, batch2, *args, out_shape=None, **kwargs) -> int:
+    b, m, k = batch1
+    return 2 * b * m * k * batch2[-1]  # as aten.baddbmm's formula: the add is not counted
+
+
+CUSTOM_FORMULAS = {
     aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_forward,
     aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward,
+    # the in-place form (models/bucket_attention.py) has no formula of its own
+    aten.baddbmm_: _inplace_baddbmm,
 }
 
 GATHER_OPS = {
@@ -112,7 +119,7 @@ class ElementCounter(TorchDispatchMode):
         packet = func.overloadpacket
         if packet in GATHER_OPS:
             self.gathers += _numel(out)
-        elif packet in CPU_SDPA_FORMULAS:
+        elif packet in CUSTOM_FORMULAS:
             mask = (kwargs or {}).get("attn_mask")
             if mask is not None:  # the kernel adds the mask to every logit
                 q, k = args[0], args[1]
@@ -126,7 +133,7 @@ class ElementCounter(TorchDispatchMode):
 
 def count_ops(step: Callable[[], object]) -> OpCounts:
     """Run ``step`` once and count its operations (forward, and backward if it calls one)."""
-    flop_mode = FlopCounterMode(display=False, custom_mapping=CPU_SDPA_FORMULAS)
+    flop_mode = FlopCounterMode(display=False, custom_mapping=CUSTOM_FORMULAS)
     elements = ElementCounter()
     with flop_mode, elements:
         step()
