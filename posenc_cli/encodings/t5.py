@@ -140,10 +140,11 @@ class T5Bias(PositionEncoding):
         """Past a distance K the bucket stops changing, so on long inputs the far keys go through
         the flash kernel (``models/clipped_attention.py``) and only a band of ``2K + 128`` keys
         per 128 queries is computed explicitly."""
-        usable = (
-            torch.is_grad_enabled()  # without a table gradient the fused kernel is as fast
-            and k.shape[-2] >= clipped_attention.SATURATED_MIN_KEYS * (len(self.band_lookup) // 2)
-            and clipped_attention.applies(q, k_pos)
+        keys = clipped_attention.SATURATED_MIN_KEYS
+        if not torch.is_grad_enabled():  # no table gradient: the fused mask path holds longer
+            keys = clipped_attention.SATURATED_MIN_KEYS_NO_GRAD
+        usable = k.shape[-2] >= keys * (len(self.band_lookup) // 2) and clipped_attention.applies(
+            q, k_pos
         )
         if not usable:
             return None
