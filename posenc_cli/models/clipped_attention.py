@@ -180,7 +180,7 @@ class _ClippedRelativeAttention(torch.autograd.Function):
         buckets = _buckets(key_table, bias_table, value_table)
         term = _term(q, key_table, bias_table, key_scale)
         scaled = q * scale
-        near, near_lse = torch.empty_like(q), q.new_empty(B, H, N)
+        near, near_lse = _heads_last(q.new_empty(B, N, H, d)), q.new_empty(B, H, N)
         scratch = Scratch(q, layout)
         for blk in layout.blocks:
             near[:, :, blk.rows], near_lse[:, :, blk.rows] = _near_forward(
@@ -214,7 +214,6 @@ class _ClippedRelativeAttention(torch.autograd.Function):
         layout = Layout(N, k.shape[-2], causal, lookup)
         buckets = _buckets(key_table, bias_table, value_table)
         term = _term(q, key_table, bias_table, key_scale)
-        grad_out = grad_out.contiguous()
         grads = Grads(q, k, term, value_table, buckets, Scratch(q, layout))
         row_dot = torch.linalg.vecdot(grad_out, out)  # (B, H, N)
         for blk in layout.blocks:
@@ -259,7 +258,10 @@ class Grads:
 
     def __init__(self, q, k, term: Tensor | None, value_table, buckets: int, scratch: Scratch):
         self.scratch = scratch
-        self.dq, self.dk, self.dv = q.new_zeros(q.shape), k.new_zeros(k.shape), k.new_zeros(k.shape)
+        B, H, N, d = q.shape
+        Nk = k.shape[-2]
+        self.dq = _heads_last(q.new_zeros(B, N, H, d))
+        self.dk, self.dv = (_heads_last(k.new_zeros(B, Nk, H, d)) for _ in range(2))
         self.term = torch.zeros_like(term) if term is not None else None
         self.mass = q.new_zeros(*q.shape[:-1], buckets) if value_table is not None else None
 
@@ -282,6 +284,12 @@ class Grads:
             flat = self.mass.reshape(-1, self.mass.shape[-1]).T
             d_value_table = flat @ grad_out.reshape(-1, grad_out.shape[-1])
         return self.dq, self.dk, self.dv, d_key_table, d_bias_table, d_value_table
+
+
+def _heads_last(t: Tensor) -> Tensor:
+    """A ``(B, N, H, d)`` tensor seen as ``(B, H, N, d)``: the layout the attention module's head
+    split and merge read without a copy (as SDPA's own outputs and gradients are laid out)."""
+    return t.transpose(1, 2)
 
 
 def _buckets(key_table, bias_table, value_table) -> int:
