@@ -1,5 +1,5 @@
-"""What the epoch-based training loops (images, detection) share: seeding, the data order and
-resuming from the last finished epoch."""
+"""What the epoch-based training loops (images, detection) share: seeding, the data order,
+resuming from the last finished epoch, the optimiser step and the end-of-epoch log line."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from posenc_cli.checkpoint import load_checkpoint
 from posenc_cli.distributed import World
-from posenc_cli.train import truncate_metrics
+from posenc_cli.train import TrainingStopped, append_metrics, truncate_metrics
 
 
 def seed_everything(seed: int) -> torch.Generator:
@@ -71,3 +71,33 @@ def resume_from(
     if world.main:
         truncate_metrics(log_path, epoch * per_epoch)
     return epoch, float(state["best"]), state
+
+
+def optimize(loss: torch.Tensor, model, optimizer, grad_clip: float, stopped: str) -> float:
+    """One step on ``loss``; returns its value. A loss that is not finite stops training before it
+    touches the weights, with ``stopped`` (where the last good checkpoint is, and the fix)."""
+    value = float(loss.detach())
+    if not math.isfinite(value):
+        raise TrainingStopped(f"loss became {value} {stopped}")
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return value
+
+
+def log_epoch(
+    log_path: Path, epoch: int, per_epoch: int, lr: float, losses: list[float], rate: float, val
+) -> dict[str, Any]:
+    """Append the line of a finished epoch (0-based ``epoch``) to the metrics log; returns it."""
+    row = {
+        "step": (epoch + 1) * per_epoch,
+        "epoch": epoch + 1,
+        "lr": lr,
+        "train_loss": sum(losses) / len(losses),
+        "images_per_s": rate,
+        **{f"val_{k}": v for k, v in val.items()},
+    }
+    append_metrics(log_path, row)
+    return row

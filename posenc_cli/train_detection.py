@@ -23,10 +23,8 @@ from posenc_cli import distributed
 from posenc_cli.checkpoint import atomic_write_json, save_checkpoint
 from posenc_cli.config import Recipe
 from posenc_cli.config_detection import model_options
-from posenc_cli.epochs import epoch_loader, resume_from
+from posenc_cli.epochs import epoch_loader, log_epoch, optimize, resume_from
 from posenc_cli.train import (
-    TrainingStopped,
-    append_metrics,
     last_metrics,
     pick_device,
     prepare_directory,
@@ -181,17 +179,11 @@ def train_detection(
                     raise KeyboardInterrupt  # last.pt holds the last finished epoch
                 outputs = trainable(images.to(device))
                 loss = criterion(outputs, to_device(targets, device))["loss"]
-                value = float(loss.detach())
-                if not math.isfinite(value):
-                    raise TrainingStopped(
-                        f"loss became {value} at step {step + 1}; the last good checkpoint "
-                        f"(epoch {epoch}) is kept in {out}; lower train.lr"
-                    )
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if cfg.grad_clip > 0:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                optimizer.step()
+                stopped = (
+                    f"at step {step + 1}; the last good checkpoint (epoch {epoch}) is kept in "
+                    f"{out}; lower train.lr"
+                )
+                value = optimize(loss, model, optimizer, cfg.grad_clip, stopped)
                 losses.append(value)
                 images_seen += len(images) * world.size
                 progress.update(bar, completed=step + 1)
@@ -199,15 +191,9 @@ def train_detection(
                 world.barrier()
                 continue
             val, _ = evaluate_detection(model, data, scoring, recipe, device)
-            row = {
-                "step": (epoch + 1) * per_epoch,
-                "epoch": epoch + 1,
-                "lr": optimizer.param_groups[0]["lr"],
-                "train_loss": sum(losses) / len(losses),
-                "images_per_s": images_seen / (time.perf_counter() - t0),
-                **{f"val_{k}": v for k, v in val.items()},
-            }
-            append_metrics(log_path, row)
+            rate = images_seen / (time.perf_counter() - t0)
+            lr = optimizer.param_groups[0]["lr"]
+            row = log_epoch(log_path, epoch, per_epoch, lr, losses, rate, val)
             if val.get("AP", 0.0) > best:
                 best = val.get("AP", 0.0)
                 checkpoint(best_path, epoch + 1)

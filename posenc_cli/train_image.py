@@ -28,11 +28,9 @@ from posenc_cli import distributed
 from posenc_cli.checkpoint import atomic_write_json, save_checkpoint
 from posenc_cli.config import Recipe
 from posenc_cli.config_image import model_overrides
-from posenc_cli.epochs import epoch_loader, resume_from
+from posenc_cli.epochs import epoch_loader, log_epoch, optimize, resume_from
 from posenc_cli.errors import UsageError
 from posenc_cli.train import (
-    TrainingStopped,
-    append_metrics,
     autocast,
     last_metrics,
     pick_device,
@@ -201,18 +199,11 @@ def train_image(
                         images, labels = mixup(images, labels)
                     with autocast(device):
                         loss = criterion(trainable(images).float(), labels)
-                    value = float(loss.detach())
-                    if not math.isfinite(value):
-                        raise TrainingStopped(
-                            f"loss became {value} at step {step + 1}; the last good checkpoint "
-                            f"(epoch {epoch}) is kept in {out}; lower train.lr or set "
-                            "train.grad_clip"
-                        )
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    if cfg.grad_clip > 0:
-                        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                    optimizer.step()
+                    stopped = (
+                        f"at step {step + 1}; the last good checkpoint (epoch {epoch}) is kept "
+                        f"in {out}; lower train.lr or set train.grad_clip"
+                    )
+                    value = optimize(loss, model, optimizer, cfg.grad_clip, stopped)
                     scheduler.step_update(step + 1)
                     if ema is not None:
                         ema.update(model, step=step)
@@ -223,15 +214,9 @@ def train_image(
                     world.barrier()
                     continue
                 val = evaluate_images(scored, val_loader, device)
-                row = {
-                    "step": (epoch + 1) * per_epoch,
-                    "epoch": epoch + 1,
-                    "lr": optimizer.param_groups[0]["lr"],
-                    "train_loss": sum(losses) / len(losses),
-                    "images_per_s": images_seen / (time.perf_counter() - t0),
-                    **{f"val_{k}": v for k, v in val.items()},
-                }
-                append_metrics(log_path, row)
+                rate = images_seen / (time.perf_counter() - t0)
+                lr = optimizer.param_groups[0]["lr"]
+                row = log_epoch(log_path, epoch, per_epoch, lr, losses, rate, val)
                 if val["top1"] > best:
                     best = val["top1"]
                     checkpoint(best_path, epoch + 1)
