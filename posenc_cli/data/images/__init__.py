@@ -28,13 +28,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image
 from torch.utils.data import Dataset, Subset
 
-from posenc_cli.data.images.cifar import CifarImages, Variant, read_cifar
-from posenc_cli.data.images.digits import TensorImages, digit_images, split_indices
+from posenc_cli.data.images.cifar import Variant, read_cifar
+from posenc_cli.data.images.digits import digit_images, split_indices
 from posenc_cli.data.images.direction import CLASSES as DIRECTION_CLASSES
 from posenc_cli.data.images.direction import DirectionScenes, geometry
 from posenc_cli.data.images.folder import read_folder
+from posenc_cli.data.images.memory import MemoryImages
 from posenc_cli.data.images.transforms import (
     augment_from,
     photo_eval_transform,
@@ -101,8 +103,8 @@ def _digits(cfg: Any) -> ImageData:
     train_tf = tensor_train_transform(augment, mean, std, "digits")
     val_tf = with_shift(tensor_eval_transform(mean, std), cfg.shift)
     return ImageData(
-        train=TensorImages(images[train_idx], labels[train_idx], train_tf, names),
-        val=TensorImages(images[val_idx], labels[val_idx], val_tf, names),
+        train=MemoryImages(images[train_idx], labels[train_idx], train_tf, names),
+        val=MemoryImages(images[val_idx], labels[val_idx], val_tf, names),
         num_classes=10,
         channels=1,
         image_size=cfg.image_size,
@@ -150,8 +152,10 @@ def _cifar(cfg: Any, variant: Variant) -> ImageData:
     # CIFAR's 32 px images are the whole object: resize only, no centre crop.
     eval_tf = photo_eval_transform(cfg.image_size, mean, std, augment.interpolation, 1.0)
     names = arrays.class_names
-    train = CifarImages(arrays.train_images, arrays.train_labels, train_tf, names)
-    val = CifarImages(arrays.test_images, arrays.test_labels, with_shift(eval_tf, cfg.shift), names)
+    decode = Image.fromarray  # HWC uint8 -> what the photo transforms take
+    train = MemoryImages(arrays.train_images, arrays.train_labels, train_tf, names, decode)
+    val_tf = with_shift(eval_tf, cfg.shift)
+    val = MemoryImages(arrays.test_images, arrays.test_labels, val_tf, names, decode)
     return ImageData(
         train=_cap(train, cfg.train_size, cfg.seed),
         val=_cap(val, cfg.val_size, cfg.seed),

@@ -17,15 +17,11 @@ Unpickling runs code from the file: open only CIFAR files you trust.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from PIL import Image
-from torch import Tensor
-from torch.utils.data import Dataset
 
 from posenc_cli.errors import UsageError
 
@@ -139,25 +135,3 @@ def read_cifar(root: str | None, variant: Variant) -> CifarArrays:
         test_labels=test_labels,
         class_names=[_text(name) for name in meta[files.names_key]],
     )
-
-
-class CifarImages(Dataset):
-    """Images held as uint8 HWC arrays; an item is ``(transform(PIL image), label)``."""
-
-    def __init__(
-        self,
-        images: np.ndarray,
-        labels: np.ndarray,
-        transform: Callable[[Image.Image], Tensor],
-        classes: list[str],
-    ) -> None:
-        self.images = images
-        self.labels = labels
-        self.transform = transform
-        self.classes = classes
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, index: int) -> tuple[Tensor, int]:
-        return self.transform(Image.fromarray(self.images[index])), int(self.labels[index])

@@ -10,13 +10,10 @@ so one seed always gives the same split and the two splits never share an image.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from torch import Tensor
-from torch.utils.data import Dataset
 
 GREY_LEVELS = 16  # load_digits pixels are counts 0..16 of a 4x4 block of the 32x32 scan
 
@@ -36,25 +33,3 @@ def split_indices(count: int, val_count: int, seed: int) -> tuple[Tensor, Tensor
     """A seeded permutation of ``range(count)``: (train indices, val indices)."""
     order = torch.randperm(count, generator=torch.Generator().manual_seed(seed))
     return order[val_count:], order[:val_count]
-
-
-class TensorImages(Dataset):
-    """Images already in memory as a (N, C, H, W) float tensor; item ``(transform(x), y)``."""
-
-    def __init__(
-        self,
-        images: Tensor,
-        labels: Tensor,
-        transform: Callable[[Tensor], Tensor],
-        classes: list[str],
-    ) -> None:
-        self.images = images
-        self.labels = labels
-        self.transform = transform
-        self.classes = classes
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, index: int) -> tuple[Tensor, int]:
-        return self.transform(self.images[index]), int(self.labels[index])
