@@ -161,49 +161,63 @@ def train_detection(
 
     progress = progress_bar(console, world.main)
     t0, images_seen = time.perf_counter(), 0
-    with progress:
-        total = cfg.epochs * per_epoch
-        bar = progress.add_task(out.name, total=total, completed=start_epoch * per_epoch, stats="")
-        for epoch in range(start_epoch, cfg.epochs):
-            factor = 0.1 if cfg.lr_drop and epoch >= cfg.lr_drop else 1.0
-            for group, lr in zip(optimizer.param_groups, base_lrs, strict=True):
-                group["lr"] = lr * factor
-            loader = epoch_loader(
-                data.train, cfg.batch_size, world, recipe.seed, epoch, cfg.workers, False, collate
+    try:
+        with progress:
+            total = cfg.epochs * per_epoch
+            bar = progress.add_task(
+                out.name, total=total, completed=start_epoch * per_epoch, stats=""
             )
-            model.train()
-            losses = []
-            for i, (images, targets) in enumerate(loader):
-                step = epoch * per_epoch + i
-                if interrupt_at is not None and step == interrupt_at:
-                    raise KeyboardInterrupt  # last.pt holds the last finished epoch
-                outputs = trainable(images.to(device))
-                loss = criterion(outputs, to_device(targets, device))["loss"]
-                stopped = (
-                    f"at step {step + 1}; the last good checkpoint (epoch {epoch}) is kept in "
-                    f"{out}; lower train.lr"
+            for epoch in range(start_epoch, cfg.epochs):
+                factor = 0.1 if cfg.lr_drop and epoch >= cfg.lr_drop else 1.0
+                for group, lr in zip(optimizer.param_groups, base_lrs, strict=True):
+                    group["lr"] = lr * factor
+                loader = epoch_loader(
+                    data.train,
+                    cfg.batch_size,
+                    world,
+                    recipe.seed,
+                    epoch,
+                    cfg.workers,
+                    False,
+                    collate,
                 )
-                value = optimize(loss, model, optimizer, cfg.grad_clip, stopped)
-                losses.append(value)
-                images_seen += len(images) * world.size
-                progress.update(bar, completed=step + 1)
-            if not world.main:  # rank 0 scores, logs and saves; the others wait
+                model.train()
+                losses = []
+                for i, (images, targets) in enumerate(loader):
+                    step = epoch * per_epoch + i
+                    if interrupt_at is not None and step == interrupt_at:
+                        raise KeyboardInterrupt
+                    outputs = trainable(images.to(device))
+                    loss = criterion(outputs, to_device(targets, device))["loss"]
+                    stopped = (
+                        f"at step {step + 1}; the last good checkpoint (epoch {epoch}) is kept in "
+                        f"{out}; lower train.lr"
+                    )
+                    value = optimize(loss, model, optimizer, cfg.grad_clip, stopped)
+                    losses.append(value)
+                    images_seen += len(images) * world.size
+                    progress.update(bar, completed=step + 1)
+                if not world.main:  # rank 0 scores, logs and saves; the others wait
+                    world.barrier()
+                    continue
+                val, _ = evaluate_detection(model, data, scoring, recipe, device)
+                rate = images_seen / (time.perf_counter() - t0)
+                lr = optimizer.param_groups[0]["lr"]
+                row = log_epoch(log_path, epoch, per_epoch, lr, losses, rate, val)
+                if val.get("AP", 0.0) > best:
+                    best = val.get("AP", 0.0)
+                    checkpoint(best_path, epoch + 1)
+                checkpoint(last, epoch + 1)
+                progress.update(
+                    bar,
+                    stats=f"loss {row['train_loss']:.3f}  val AP {val.get('AP', 0.0):.1f}  "
+                    f"{row['images_per_s']:.0f} img/s",
+                )
                 world.barrier()
-                continue
-            val, _ = evaluate_detection(model, data, scoring, recipe, device)
-            rate = images_seen / (time.perf_counter() - t0)
-            lr = optimizer.param_groups[0]["lr"]
-            row = log_epoch(log_path, epoch, per_epoch, lr, losses, rate, val)
-            if val.get("AP", 0.0) > best:
-                best = val.get("AP", 0.0)
-                checkpoint(best_path, epoch + 1)
-            checkpoint(last, epoch + 1)
-            progress.update(
-                bar,
-                stats=f"loss {row['train_loss']:.3f}  val AP {val.get('AP', 0.0):.1f}  "
-                f"{row['images_per_s']:.0f} img/s",
-            )
-            world.barrier()
+    except KeyboardInterrupt:
+        # last.pt already holds the end of the last finished epoch; the partial one is redone
+        distributed.stop(world)
+        raise
     summary = {
         "recipe": recipe.source,
         "kind": "detection",
