@@ -14,7 +14,8 @@ An encoding overrides only the hooks it needs; the defaults do nothing:
 - ``attend(q, k, v, q_pos, k_pos, scale, causal)``: the whole attention output from the
   encoding's own kernel, or None (the default) to let the attention module combine the hooks
   above. Asked only where no key mask, dropout or window applies (Shaw's and T5's clipped terms
-  on the flash kernel, ``models/clipped_attention.py``).
+  on the flash kernel, ``models/clipped_attention.py``; iRPE's contextual terms,
+  ``models/bucket_attention.py``).
 - ``window_bias`` / ``window_value``: the same two terms for local k x k window attention on an
   image grid, where every patch query sees the same ``K = k*k`` slots, each at a fixed 2D offset.
   Only 2D encodings with a bias or value term implement them; the defaults say "no term".

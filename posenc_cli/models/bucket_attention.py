@@ -39,6 +39,16 @@ def _column_index(ids_t: Tensor, buckets: int) -> Tensor:
     return (ids_t.T + keys).reshape(-1)
 
 
+def column_term(scores: Tensor, ids_t: Tensor) -> Tensor:
+    """``term[i, j] = scores[j, b(j, i)]``: ``(B, H, Nk, nb)`` scores by key-major ids
+    ``(Nk, Nq)`` -> ``(B, H, Nq, Nk)``. Picked from the flattened (key, bucket) scores straight
+    into (query, key) order: ``index_select`` and its ``index_add`` backward run contiguously
+    (2.3 ms against 4.6 ms for a gather along the key axis at DeiT-Ti shape)."""
+    B, H, Nk, nb = scores.shape
+    picked = scores.reshape(B * H, Nk * nb).index_select(1, _column_index(ids_t, nb))
+    return picked.view(B, H, -1, Nk)
+
+
 class _BucketAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, scale, ids, counts, *tensors):
@@ -56,10 +66,8 @@ class _BucketAttention(torch.autograd.Function):
             logits.view(B * H, N, Nk).baddbmm_(q3, k3.transpose(1, 2), alpha=scale)
         else:
             logits = torch.bmm(q3, k3.transpose(1, 2)).mul_(scale).view(B, H, N, Nk)
-        flat = logits.view(B * H, N * Nk)
         for score, idx in zip(cols, col_ids, strict=True):
-            nb = score.shape[-1]
-            flat += score.reshape(B * H, Nk * nb).index_select(1, _column_index(idx, nb))
+            logits += column_term(score, idx)
         # softmax in place: the logits are not needed again
         attn = logits.sub_(logits.amax(dim=-1, keepdim=True)).exp_()
         attn /= attn.sum(dim=-1, keepdim=True)

@@ -161,13 +161,9 @@ def merge(parts: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
 
 
 def _accumulate(out: Tensor, lse: Tensor, rows: slice, part: Tensor, part_lse: Tensor) -> None:
-    """Merge one rectangle's output and logsumexp into the running ones of its rows."""
-    old = lse[:, :, rows]
-    new = torch.logaddexp(old, part_lse)
-    out[:, :, rows] = (
-        out[:, :, rows] * (old - new).exp()[..., None] + part * (part_lse - new).exp()[..., None]
-    )
-    lse[:, :, rows] = new
+    """Merge one rectangle's output and logsumexp into the running ones of its rows (``out``'s
+    rows are updated in place by ``merge``)."""
+    lse[:, :, rows] = merge([(out[:, :, rows], lse[:, :, rows]), (part, part_lse)])[1]
 
 
 class _ClippedRelativeAttention(torch.autograd.Function):
@@ -201,19 +197,17 @@ class _ClippedRelativeAttention(torch.autograd.Function):
         ctx.save_for_backward(
             q, scaled, k, v, key_table, bias_table, value_table, lookup, out, lse
         )  # fmt: skip
-        ctx.far = (far, far_lse)
-        ctx.args = (scale, key_scale, causal)
+        ctx.far, ctx.layout, ctx.term = (far, far_lse), layout, term  # not rebuilt in backward
+        ctx.args = (scale, key_scale)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, scaled, k, v, key_table, bias_table, value_table, lookup, out, lse = ctx.saved_tensors
         far, far_lse = ctx.far
-        scale, key_scale, causal = ctx.args
-        N, d = q.shape[-2:]
-        layout = Layout(N, k.shape[-2], causal, lookup)
+        layout, term = ctx.layout, ctx.term
+        scale, key_scale = ctx.args
         buckets = _buckets(key_table, bias_table, value_table)
-        term = _term(q, key_table, bias_table, key_scale)
         grads = Grads(q, k, term, value_table, buckets, Scratch(q, layout))
         row_dot = torch.linalg.vecdot(grad_out, out)  # (B, H, N)
         for blk in layout.blocks:
