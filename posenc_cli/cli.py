@@ -4,6 +4,7 @@ into one line on stderr and exit status 2. The commands live in ``posenc_cli.com
 
 from __future__ import annotations
 
+import errno
 import sys
 from typing import Annotated
 
@@ -46,12 +47,52 @@ def root(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: a user error becomes one line on stderr and exit status 2.
+    """Console entry point: every user error, click's option errors included, becomes one line
+    on stderr and exit status 2."""
+    from typer import exceptions as typer_errors
+    from typer._click import exceptions as click_errors  # typer vendors click
 
-    Typer (click) already answers malformed options with a usage message and exit 2.
-    """
     try:
-        app(args=argv, prog_name="posenc")
-    except UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
+        code = app(args=argv, prog_name="posenc", standalone_mode=False)
+    except click_errors.NoArgsIsHelpError as err:  # bare `posenc`: the help, as before
+        err.show()
         sys.exit(2)
+    except click_errors.UsageError as err:  # a bad option value, a missing argument, a typo
+        command = err.ctx.command_path if err.ctx else "posenc"
+        fail(f"{err.format_message().rstrip('.')}; see '{command} --help'", err.exit_code)
+    except click_errors.ClickException as err:
+        fail(err.format_message(), err.exit_code)
+    except typer_errors.Abort:
+        sys.exit(130)
+    except UsageError as err:
+        fail(str(err))
+    except OSError as err:
+        if not user_caused(err):
+            raise
+        fail(file_problem(err))
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def fail(message: str, status: int = 2) -> None:
+    print("error: " + " ".join(message.split()), file=sys.stderr)
+    sys.exit(status)
+
+
+def user_caused(err: OSError) -> bool:
+    """Faults of the user's files and folders (not bugs): a folder that cannot be written, a
+    file where a folder should be, a full or read-only disk."""
+    kinds = (PermissionError, FileExistsError, NotADirectoryError, IsADirectoryError)
+    return isinstance(err, kinds) or err.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT)
+
+
+def file_problem(err: OSError) -> str:
+    where = err.filename or "a file"
+    fix = {
+        errno.ENOSPC: "free some space or choose another --out",
+        errno.EDQUOT: "free some space or choose another --out",
+        errno.EROFS: "choose a folder on a writable disk with --out",
+        errno.EEXIST: "a file of that name is in the way; remove it or choose another --out",
+        errno.ENOTDIR: "a file stands where a folder is needed; choose another --out",
+        errno.EISDIR: "a folder stands where a file is needed; give a file name",
+    }.get(err.errno, "choose a folder you can write with --out, or fix its permissions")
+    return f"cannot write {where}: {err.strerror}; {fix}"

@@ -32,6 +32,10 @@ def find_runs(paths: list[Path]) -> list[Path]:
     for path in paths:
         if not path.exists():
             raise UsageError(f"{path}: no such run or sweep directory")
+        if not path.is_dir():
+            raise UsageError(
+                f"{path}: a file, not a run or sweep directory; give its folder, {path.parent}"
+            )
         found = (
             [path]
             if (path / "eval.json").is_file()
@@ -44,6 +48,47 @@ def find_runs(paths: list[Path]) -> list[Path]:
             )
         runs += found
     return runs
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def well_formed(result: Any) -> bool:
+    """The shape compare reads: the encoding, the seed, and per length a dict of numbers (or an
+    ``error`` text)."""
+    if not isinstance(result, dict) or not isinstance(result.get("lengths"), dict):
+        return False
+    known = {*METRICS, *IMAGE_METRICS, *DETECTION_METRICS}
+    cells_ok = all(
+        isinstance(c, dict)
+        and all(is_number(v) for k, v in c.items() if k in known)
+        and isinstance(c.get("error", ""), str)
+        for c in result["lengths"].values()
+    )
+    train = result.get("train_lengths")
+    return (
+        cells_ok
+        and isinstance(result.get("encoding"), str)
+        and isinstance(result.get("seed"), int)
+        and isinstance(result.get("encoding_params", {}), dict)
+        and result.get("kind", "text") in ("text", "image", "detection")
+        and (train is None or (isinstance(train, list) and all(is_number(n) for n in train)))
+    )
+
+
+def read_evaluation(path: Path) -> dict[str, Any]:
+    """A run's eval.json; a damaged one (cut short, emptied, edited) is one line with the fix."""
+    fix = f"re-run `posenc evaluate {path.parent}` to write it again"
+    try:
+        result = json.loads(path.read_text())
+    except ValueError:  # not JSON, or not text at all
+        raise UsageError(f"{path}: damaged (not valid JSON, e.g. cut short); {fix}") from None
+    if not well_formed(result):
+        raise UsageError(
+            f"{path}: damaged (valid JSON, but not an evaluation posenc writes); {fix}"
+        )
+    return result
 
 
 def group_label(result: dict[str, Any], run_dir: Path) -> str:
@@ -76,13 +121,15 @@ def compare(paths: list[Path]) -> dict[str, Any]:
     """``{"groups": {label: {length: {metric: {mean, std, n}}}}, "best": {...}}``."""
     by_group: dict[str, list[dict]] = defaultdict(list)
     for run in find_runs(paths):
-        result = json.loads((run / "eval.json").read_text())
+        result = read_evaluation(run / "eval.json")
         by_group[group_label(result, run)].append(result)
     groups: dict[str, dict] = {}
     lengths: set[str] = set()
     kinds = {r.get("kind", "text") for results in by_group.values() for r in results}
     if len(kinds) > 1:
-        raise UsageError("these runs mix text and image experiments; compare one kind at a time")
+        raise UsageError(
+            f"these runs mix kinds ({', '.join(sorted(kinds))}); compare one kind at a time"
+        )
     kind = kinds.pop() if kinds else "text"
     metrics = metrics_of(kind)
     for label, results in sorted(by_group.items(), key=lambda item: natural_key(item[0])):

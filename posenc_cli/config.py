@@ -48,7 +48,13 @@ from posenc_cli import config_detection, config_image
 from posenc_cli.data import TASKS
 from posenc_cli.encodings import ENCODINGS, build_encoding, check_params, user_params
 from posenc_cli.errors import UsageError
-from posenc_cli.params import check_limits, close_match, convert, parse_assignments
+from posenc_cli.params import (
+    check_limits,
+    check_maxima,
+    close_match,
+    convert,
+    parse_assignments,
+)
 
 if typing.TYPE_CHECKING:  # importlib.resources.abc is 3.11+; only the annotations need it
     from importlib.resources.abc import Traversable
@@ -275,8 +281,13 @@ def _parse_yaml(source: _Source, where: _Where) -> Any:
         text = source.read_text()
     except OSError as err:
         raise UsageError(f"recipe {where.label}: {at}cannot be read: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise UsageError(
+            f"recipe {where.label}: {at}is not a text file (byte {err.object[err.start]:#04x} at "
+            f"offset {err.start} is not UTF-8); give a YAML recipe"
+        ) from None
     try:
-        return yaml.safe_load(text)
+        raw = yaml.safe_load(text)
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         line = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -289,6 +300,12 @@ def _parse_yaml(source: _Source, where: _Where) -> Any:
         ) from None
     except yaml.YAMLError as err:
         raise UsageError(_one_line(f"recipe {where.label}: {at}YAML error ({err})")) from None
+    if raw is None:  # nothing but blanks and comments: training defaults would be a surprise
+        raise UsageError(
+            f"recipe {where.label}: {at}is empty; write its settings (see `posenc train "
+            "quickstart --dry-run` for every key) or name a shipped recipe"
+        )
+    return raw
 
 
 def _chain(source: _Source, where: _Where, seen: tuple[_Source, ...] = ()) -> list[tuple]:
@@ -429,6 +446,18 @@ def _assignments_layer(assignments: dict[str, Any]) -> Tree:
         else:
             layer.setdefault(top, {})[rest] = value
     return layer
+
+
+def _in_order(assignments: dict[str, Any]) -> list[dict[str, Any]]:
+    """Overrides as consecutive layers, split at each whole-``sweep`` assignment, so that
+    ``sweep=null sweep.KEY=[..]`` first clears the recipe's grid and then adds one axis."""
+    groups: list[dict[str, Any]] = [{}]
+    for key, value in assignments.items():
+        if key == "sweep":
+            groups += [{key: value}, {}]
+        else:
+            groups[-1][key] = value
+    return [group for group in groups if group]
 
 
 def _merge(tree: Tree, layer: Tree, origin: str, where: _Where, notes: list[str]) -> None:
@@ -576,6 +605,7 @@ def _build(tree: Tree, where: _Where, notes: list[str], source: str) -> Recipe:
         source=source,
         notes=list(notes),
     )
+    check_maxima(recipe, where.error)
     if recipe.kind == "text":
         _validate(recipe, where)
         return recipe
@@ -696,9 +726,10 @@ def load_recipe(ref: str | Path, overrides: typing.Sequence[str] = ()) -> Recipe
                 raise where.error(key, "cannot be overridden; write a recipe that extends", origin)
             if key.partition(".")[0] != "sweep":
                 _check_key(key, where, origin)
-        layer = _check_layer(_assignments_layer(assignments), origin, where)
-        _absolute_corpus(layer, Path.cwd())
-        _merge(tree, layer, origin, where, notes)
+        for group in _in_order(assignments):
+            layer = _check_layer(_assignments_layer(group), origin, where)
+            _absolute_corpus(layer, Path.cwd())
+            _merge(tree, layer, origin, where, notes)
     recipe = _build(tree, where, notes, source.label)
     _check_swept_params(recipe, expand_sweep(recipe), where)  # builds and checks every run
     return recipe

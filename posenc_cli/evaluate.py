@@ -8,12 +8,13 @@ memory is also scored over the validation text in consecutive segments, memory c
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from posenc_cli.checkpoint import atomic_write_json, load_checkpoint
+from posenc_cli.checkpoint import atomic_write_json, load_run_weights
 from posenc_cli.config import Recipe, load_recipe
 from posenc_cli.data import build_task
 from posenc_cli.errors import UsageError
@@ -22,31 +23,59 @@ from posenc_cli.models.text import build_text_model
 from posenc_cli.train import autocast, evaluate_length, pick_device
 
 
-def run_kind(run_dir: Path) -> str:
-    """``text`` or ``image``, from the run's saved recipe (read as plain YAML: cheap)."""
-    import yaml
+def run_directory(path: Path) -> Path:
+    """The run directory a user named: the folder itself, or the folder of its recipe.yaml."""
+    if path.is_file() and path.name == "recipe.yaml":
+        return path.parent
+    if path.is_file():
+        inside = (path.parent / "recipe.yaml").is_file()
+        hint = f"its folder, {path.parent}" if inside else "a `posenc train` output folder"
+        raise UsageError(f"{path}: a file, not a run directory; give {hint}")
+    return path
 
-    recipe_file = run_dir / "recipe.yaml"
-    if not recipe_file.is_file():
+
+def recipe_file(run_dir: Path) -> Path:
+    """The resolved recipe a run directory holds."""
+    path = run_dir / "recipe.yaml"
+    if not path.is_file():
         raise UsageError(
             f"{run_dir}: not a run directory (no recipe.yaml); give a `posenc train` output folder"
         )
-    raw = yaml.safe_load(recipe_file.read_text()) or {}
-    return raw.get("kind", "text") if isinstance(raw, dict) else "text"
+    return path
+
+
+def run_kind(run_dir: Path) -> str:
+    """``text``, ``image`` or ``detection``, from the run's saved recipe."""
+    return load_recipe(recipe_file(run_dir)).kind
+
+
+def eval_name(shift: int) -> str:
+    return "eval.json" if shift == 0 else f"eval_shift{shift}.json"
+
+
+def save_evaluation(path: Path, result: dict[str, Any]) -> dict[str, Any]:
+    """Write ``result`` to ``path`` without losing what the file already records: its new
+    lengths replace those of the same key, the others stay, in natural order. A damaged file is
+    replaced. Returns what was written."""
+    from posenc_cli.compare import natural_key
+
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):  # none yet, or damaged: nothing to keep
+        old = None
+    merged = dict(result)
+    if isinstance(old, dict) and isinstance(old.get("lengths"), dict):
+        points = {**old["lengths"], **result["lengths"]}
+        merged["lengths"] = {key: points[key] for key in sorted(points, key=natural_key)}
+    atomic_write_json(path, merged)
+    return merged
 
 
 def load_run(run_dir: Path, overrides: list[str] = ()) -> tuple[Recipe, torch.nn.Module, Any]:
-    recipe_file = run_dir / "recipe.yaml"
-    if not recipe_file.is_file():
-        raise UsageError(
-            f"{run_dir}: not a run directory (no recipe.yaml); give a `posenc train` output folder"
-        )
-    recipe = load_recipe(recipe_file, list(overrides))
+    recipe = load_recipe(recipe_file(run_dir), list(overrides))
     task = build_task(recipe.data)
     model = build_text_model(recipe.model, recipe.encoding, task)
-    best = run_dir / "best.pt"
-    state = load_checkpoint(best if best.is_file() else run_dir / "last.pt")
-    model.load_state_dict(state["model"])
+    load_run_weights(run_dir, model)
     return recipe, model, task
 
 
@@ -73,13 +102,13 @@ def evaluate_run(
     shift: int | None = None,
     write: bool = True,
 ) -> dict[str, Any]:
+    if any(n < 1 for n in lengths or ()) or (shift is not None and shift < 0):
+        raise UsageError("--lengths must be positive and --shift >= 0, e.g. --lengths 16,32,64")
     recipe, model, task = load_run(run_dir, overrides)
     device = pick_device(recipe.train.device)
     model.to(device)
     lengths = lengths or list(recipe.eval.lengths)
     shift = recipe.eval.shift if shift is None else shift
-    if any(n < 1 for n in lengths) or shift < 0:
-        raise UsageError("--lengths must be positive and --shift >= 0, e.g. --lengths 16,32,64")
     rows: dict[str, Any] = {}
     for length in lengths:
         try:
@@ -107,6 +136,5 @@ def evaluate_run(
     if task.kind == "lm" and recipe.model.mem_len > 0 and hasattr(task, "stream"):
         result["stream"] = evaluate_stream(model, task, recipe.data.train_lengths[1], device)
     if write:
-        name = "eval.json" if shift == 0 else f"eval_shift{shift}.json"
-        atomic_write_json(run_dir / name, result)
+        save_evaluation(run_dir / eval_name(shift), result)
     return result

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from posenc_cli.checkpoint import atomic_write_json, load_checkpoint
+from posenc_cli.checkpoint import load_run_weights
 from posenc_cli.config import load_recipe
+from posenc_cli.evaluate import recipe_file, save_evaluation
 from posenc_cli.train import pick_device
 from posenc_cli.train_detection import (
     build_detection_model,
@@ -15,21 +17,25 @@ from posenc_cli.train_detection import (
 )
 
 
-def evaluate_detection_run(
-    run_dir: Path, overrides: list[str] = (), write: bool = True
-) -> dict[str, Any]:
+def score_detection_run(
+    run_dir: Path, overrides: list[str] = ()
+) -> tuple[dict[str, Any], Callable[[Path], None]]:
+    """The run's scores, and a function that draws its kept predictions into a PNG (nothing
+    when none were kept); nothing is written here."""
     from posenc_cli.detection.criterion import SetCriterion
     from posenc_cli.detection.draw import draw_predictions
     from posenc_cli.detection.matcher import HungarianMatcher
 
-    recipe = load_recipe(run_dir / "recipe.yaml", list(overrides))
+    recipe = load_recipe(recipe_file(run_dir), list(overrides))
     data = load_detection_data(recipe)
     model = build_detection_model(recipe, data.num_classes)
-    best = run_dir / "best.pt"
-    model.load_state_dict(load_checkpoint(best if best.is_file() else run_dir / "last.pt")["model"])
+    load_run_weights(run_dir, model)
     device = pick_device(recipe.train.device)
     model.to(device)
-    criterion = SetCriterion(data.num_classes, HungarianMatcher(), eos_coef=recipe.train.eos_coef)
+    # rank 0 scores alone, while the other ranks of a torchrun sweep wait at a barrier
+    criterion = SetCriterion(
+        data.num_classes, HungarianMatcher(), eos_coef=recipe.train.eos_coef, across_ranks=False
+    )
     scores, (images, predictions, targets) = evaluate_detection(
         model, data, criterion, recipe, device, keep=recipe.eval.pictures
     )
@@ -42,8 +48,8 @@ def evaluate_detection_run(
         "seed": recipe.seed,
         "lengths": {"val": scores},  # the key compare reads: one column, the validation set
     }
-    if write:
-        atomic_write_json(run_dir / "eval.json", result)
+
+    def draw(path: Path) -> None:
         if images:
             import torch
 
@@ -52,7 +58,18 @@ def evaluate_detection_run(
                 predictions,
                 targets,
                 data.class_names,
-                run_dir / "predictions.png",
+                path,
                 score_threshold=recipe.eval.score_threshold,
             )
+
+    return result, draw
+
+
+def evaluate_detection_run(
+    run_dir: Path, overrides: list[str] = (), write: bool = True
+) -> dict[str, Any]:
+    result, draw = score_detection_run(run_dir, overrides)
+    if write:  # the picture first: a failure there leaves eval.json as it was
+        draw(run_dir / "predictions.png")
+        save_evaluation(run_dir / "eval.json", result)
     return result

@@ -15,9 +15,10 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from posenc_cli.checkpoint import atomic_write_json, load_checkpoint
+from posenc_cli.checkpoint import load_run_weights
 from posenc_cli.config import Recipe, load_recipe
 from posenc_cli.errors import UsageError
+from posenc_cli.evaluate import recipe_file, save_evaluation
 from posenc_cli.train import pick_device
 from posenc_cli.train_image import build_image_model, evaluate_images
 
@@ -30,12 +31,10 @@ def point_name(size: int, shift: int) -> str:
 def load_image_run(run_dir: Path, overrides: list[str] = ()) -> tuple[Recipe, Any, Any]:
     from posenc_cli.data.images import build_image_data
 
-    recipe = load_recipe(run_dir / "recipe.yaml", list(overrides))
+    recipe = load_recipe(recipe_file(run_dir), list(overrides))
     data = build_image_data(recipe.data)
     model = build_image_model(recipe, data.num_classes, data.channels, data.image_size)
-    best = run_dir / "best.pt"
-    state = load_checkpoint(best if best.is_file() else run_dir / "last.pt")
-    model.load_state_dict(state["ema"] or state["model"])
+    load_run_weights(run_dir, model, ema=True)
     return recipe, model, data
 
 
@@ -48,14 +47,14 @@ def evaluate_image_run(
 ) -> dict[str, Any]:
     from posenc_cli.data.images import build_image_data
 
+    if min(sizes or [1]) < 1 or min(shifts or [0]) < 0:
+        raise UsageError("--sizes must be positive and --shifts >= 0, e.g. --sizes 32,48")
     recipe, model, data = load_image_run(run_dir, overrides)
     device = pick_device(recipe.train.device)
     model.to(device)
     trained = recipe.data.image_size
     sizes = sizes or list(recipe.eval.sizes) or [trained]
-    shifts = shifts if shifts is not None else list(recipe.eval.shifts)
-    if min(sizes) < 1 or min(shifts) < 0:
-        raise UsageError("--sizes must be positive and --shifts >= 0, e.g. --sizes 32,48")
+    shifts = shifts or list(recipe.eval.shifts) or [0]
     points: dict[str, Any] = {}
     for size in sizes:
         for shift in shifts:
@@ -77,5 +76,5 @@ def evaluate_image_run(
         "lengths": points,  # the key compare reads; here image sides (px) with shifts
     }
     if write:
-        atomic_write_json(run_dir / "eval.json", result)
+        save_evaluation(run_dir / "eval.json", result)
     return result

@@ -11,15 +11,21 @@ from __future__ import annotations
 import multiprocessing
 import os
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 
+from posenc_cli import distributed
 from posenc_cli.checkpoint import atomic_write_json
-from posenc_cli.config import Recipe, expand_sweep
-from posenc_cli.distributed import is_main_process
+from posenc_cli.config import Recipe, expand_sweep, load_recipe, recipe_to_dict
+from posenc_cli.distributed import World, is_main_process
 from posenc_cli.errors import UsageError
+from posenc_cli.run_lock import hold
+from posenc_cli.terminate import Terminated, sigterm_as_interrupt
+from posenc_cli.train import pick_device
 
 
 def default_out(recipe: Recipe) -> Path:
@@ -28,7 +34,14 @@ def default_out(recipe: Recipe) -> Path:
 
 
 def train_and_evaluate(run: Recipe, run_dir: Path, resume: bool, console: Console) -> None:
-    """One run of any kind: train into ``run_dir``, then evaluate it there."""
+    """One run of any kind: train into ``run_dir``, then evaluate it there (rank 0 holding the
+    folder's lock throughout)."""
+    with hold(run_dir) if is_main_process() else nullcontext():
+        train_then_evaluate(run, run_dir, resume, console)
+    world_of(run).barrier()  # the next run starts together on every rank
+
+
+def train_then_evaluate(run: Recipe, run_dir: Path, resume: bool, console: Console) -> None:
     if run.kind == "detection":
         from posenc_cli.evaluate_detection import evaluate_detection_run
         from posenc_cli.train_detection import train_detection
@@ -57,25 +70,89 @@ def run_recipe(
     """Train (and evaluate) every run of ``recipe``; returns the run directories."""
     runs = expand_sweep(recipe)
     base = out or default_out(recipe)
-    dirs = [base if len(runs) == 1 else base / name for name, _ in runs]
-    todo = []
-    for i, ((name, run), run_dir) in enumerate(zip(runs, dirs, strict=True), 1):
-        if resume and (run_dir / "summary.json").is_file():
-            console.print(f"[dim]{run_dir}: finished earlier, kept as it is[/]")
+    world = world_of(recipe)
+    if not world.main:  # rank 0 reports and writes; the others train in step with it
+        console = Console(stderr=True, quiet=True)
+    with hold(base) if world.main else nullcontext():
+        dirs = [base if len(runs) == 1 else base / name for name, _ in runs]
+        todo = plan_runs(runs, dirs, resume, console)
+        world.barrier()  # every rank has read the directories before rank 0 writes any
+        if jobs > 1 and len(todo) > 1:
+            run_in_workers(todo, jobs, resume, console)
         else:
-            todo.append((f"run {i}/{len(runs)} {name}", run, run_dir))
-    if jobs > 1 and len(todo) > 1:
-        run_in_workers(todo, jobs, resume, console)
-    else:
-        for title, run, run_dir in todo:
-            if len(runs) > 1:
-                console.print(f"[bold]{title}[/]")
-            train_and_evaluate(run, run_dir, resume, console)
-    if len(runs) > 1 and is_main_process():
-        atomic_write_json(
-            base / "sweep.json", {"recipe": recipe.source, "runs": [d.name for d in dirs]}
-        )
+            for title, run, run_dir in todo:
+                if len(runs) > 1:
+                    console.print(f"[bold]{escape(title)}[/]")
+                train_and_evaluate(run, run_dir, resume, console)
+        if len(runs) > 1 and world.main:
+            atomic_write_json(
+                base / "sweep.json", {"recipe": recipe.source, "runs": [d.name for d in dirs]}
+            )
     return dirs
+
+
+def plan_runs(
+    runs: list[tuple[str, Recipe]], dirs: list[Path], resume: bool, console: Console
+) -> list[tuple[str, Recipe, Path]]:
+    """The runs still to train. ``--resume`` keeps finished runs (saying which of the new
+    settings it ignored for them) and refuses to go on with a run under settings other than
+    its own: the run would be relabelled while its checkpoint holds the old training."""
+    todo, refused = [], []
+    for i, ((name, run), run_dir) in enumerate(zip(runs, dirs, strict=True), 1):
+        changes = recipe_changes(run, run_dir) if resume else []
+        if resume and (run_dir / "summary.json").is_file():
+            ignored = f"; ignored for it: {', '.join(changes)}" if changes else ""
+            kept = escape(f"{run_dir}: finished earlier, kept as it is{ignored}")
+            console.print(f"[dim]{kept}[/]", soft_wrap=True)
+            continue
+        if changes:
+            refused.append((run_dir, changes))
+        todo.append((f"run {i}/{len(runs)} {name}", run, run_dir))
+    if refused:
+        run_dir, changes = refused[0]
+        more = f" (and {len(refused) - 1} more runs)" if len(refused) > 1 else ""
+        raise UsageError(
+            f"--resume: {run_dir}{more} was trained with other settings: {', '.join(changes)}; "
+            "resume it with its own recipe (drop the overrides that differ) or train into "
+            "another --out"
+        )
+    return todo
+
+
+# where a run goes on, not what it computes: these may change when it resumes
+FREE_ON_RESUME = ("train.device", "train.workers")
+
+
+def recipe_changes(run: Recipe, run_dir: Path) -> list[str]:
+    """The settings in which ``run`` differs from the recipe ``run_dir`` was trained with, as
+    ``KEY (run: OLD, now: NEW)``; none when the folder holds no recipe yet."""
+    saved = run_dir / "recipe.yaml"
+    if not saved.is_file():
+        return []
+    before = flat_settings(recipe_to_dict(load_recipe(saved)))
+    now = flat_settings(recipe_to_dict(run))
+    keys = [k for k in dict.fromkeys([*before, *now]) if k not in FREE_ON_RESUME]
+    return [
+        f"{k} (run: {before.get(k, 'unset')}, now: {now.get(k, 'unset')})"
+        for k in keys
+        if before.get(k) != now.get(k)
+    ]
+
+
+def flat_settings(tree: dict, prefix: str = "") -> dict[str, object]:
+    """``{"train": {"lr": 1}}`` -> ``{"train.lr": 1}``."""
+    out: dict[str, object] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flat_settings(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def world_of(recipe: Recipe) -> World:
+    """This process's world (one process group for every run of a sweep)."""
+    return distributed.start(pick_device(recipe.train.device))
 
 
 def check_jobs(jobs: int) -> None:
@@ -103,7 +180,8 @@ def prepare_shared_data(runs: list[Recipe]) -> None:
 
 def _worker(run: Recipe, run_dir: Path, resume: bool, threads: int) -> str:
     torch.set_num_threads(threads)
-    train_and_evaluate(run, run_dir, resume, Console(stderr=True, quiet=True))
+    with sigterm_as_interrupt():
+        train_and_evaluate(run, run_dir, resume, Console(stderr=True, quiet=True))
     return run_dir.name
 
 
@@ -125,7 +203,10 @@ def run_in_workers(todo: list[tuple[str, Recipe, Path]], jobs: int, resume: bool
                 for future in done:
                     name = future.result()  # re-raises a worker's error here
                     progress.update(bar, advance=1, stats=f"finished {name}")
-        except BaseException:
+        except BaseException as err:
             for future in pending:
                 future.cancel()
+            if isinstance(err, Terminated):  # a terminal's Ctrl-C reaches the workers itself
+                for process in pool._processes.values():
+                    process.terminate()  # SIGTERM: each saves its checkpoint and stops
             raise

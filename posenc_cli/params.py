@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -79,10 +80,17 @@ def convert(value: Any, annotation: Any, where: str) -> Any:
         if isinstance(value, bool):
             raise UsageError(f"{where}: expected {annotation.__name__}, got a boolean {value!r}")
         try:
-            number = annotation(float(value)) if annotation is int else float(value)
+            number = float(value)
         except (TypeError, ValueError):
             number = None
-        if number is not None and (annotation is float or float(value) == number):
+        if number is not None and not math.isfinite(number):
+            raise UsageError(f"{where}: expected a finite number, got {value!r}")
+        if number is not None and annotation is int and number.is_integer():
+            whole = int(value) if isinstance(value, int) else int(number)
+            if abs(whole) > 2**53:  # past what a float holds exactly; no setting needs it
+                raise UsageError(f"{where}: {value!r} is too large; give at most 2**53")
+            return whole
+        if number is not None and annotation is float:
             return number
     elif annotation is str:
         if isinstance(value, str | int | float):
@@ -119,3 +127,57 @@ def check_limits(
             value = getattr(value, part)
         if not test(value):
             raise error(key, f"must be {requirement}, got {value!r}")
+
+
+# Upper bounds for every kind's size settings, by dotted key (a kind checks the keys it has):
+# far past any experiment one machine finishes, yet small enough that a typo of extra zeros
+# fails at once instead of training silently for ever or allocating terabytes.
+MAXIMA: dict[str, int] = {
+    "seed": 2**32 - 1,
+    "model.dim": 65_536,
+    "model.depth": 1_024,
+    "model.heads": 1_024,
+    "model.mem_len": 1_000_000,
+    "model.patch_size": 4_096,
+    "model.window": 4_095,
+    "model.enc_layers": 1_024,
+    "model.dec_layers": 1_024,
+    "model.num_queries": 100_000,
+    "data.vocab": 10_000_000,
+    "data.train_lengths": 10_000_000,
+    "data.image_size": 16_384,
+    "data.train_size": 1_000_000_000,
+    "data.val_size": 1_000_000_000,
+    "data.shift": 16_384,
+    "data.shapes_images": 10_000_000,
+    "data.shapes_max_objects": 1_000,
+    "train.steps": 100_000_000,
+    "train.epochs": 1_000_000,
+    "train.batch_size": 1_000_000,
+    "train.warmup": 100_000_000,
+    "train.warmup_epochs": 1_000_000,
+    "train.lr_drop": 1_000_000,
+    "train.eval_every": 100_000_000,
+    "train.eval_batches": 1_000_000,
+    "train.checkpoint_every": 100_000_000,
+    "train.workers": 256,
+    "eval.lengths": 10_000_000,
+    "eval.batches": 1_000_000,
+    "eval.shift": 1_000_000_000,
+    "eval.sizes": 16_384,
+    "eval.shifts": 16_384,
+    "eval.batch_size": 1_000_000,
+    "eval.pictures": 10_000,
+}
+
+
+def check_maxima(settings: Any, error: Callable[[str, str], Exception]) -> None:
+    """Raise ``error(key, problem)`` for the first size setting above its ``MAXIMA`` bound."""
+    for key, bound in MAXIMA.items():
+        value = settings
+        for part in key.split("."):
+            value = getattr(value, part, None)
+        values = value if isinstance(value, list | tuple) else [value]
+        for v in values:
+            if isinstance(v, int | float) and not isinstance(v, bool) and v > bound:
+                raise error(key, f"must be at most {bound:,}, got {v!r}; a typo of extra zeros?")

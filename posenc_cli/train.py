@@ -41,9 +41,10 @@ class TrainingStopped(RuntimeError):
     """The run cannot go on (a NaN loss); the message says why and what was kept."""
 
 
-def pick_device(choice: str) -> torch.device:
+def pick_device(choice: str, option: str = "train.device") -> torch.device:
+    """``option`` is what the user set (a recipe key or a flag), named if cuda is missing."""
     if choice == "cuda" and not torch.cuda.is_available():
-        raise UsageError("train.device: cuda was asked for but no GPU is visible; use auto or cpu")
+        raise UsageError(f"{option}: cuda was asked for but no GPU is visible; use auto or cpu")
     if choice == "cpu" or not torch.cuda.is_available():
         return torch.device("cpu")
     if "LOCAL_RANK" in os.environ:  # under torchrun: one GPU per process
@@ -237,8 +238,12 @@ def train(
                 progress.update(bar, completed=step)
     except KeyboardInterrupt:
         checkpoint(last)
-        distributed.stop(world)
         raise
+    except RuntimeError as err:
+        if not distributed.peer_failure(err, world):
+            raise
+        checkpoint(last)  # this rank's weights are whole: the failed step never reached them
+        raise distributed.lost(err, world, out) from None
     summary = {
         "recipe": recipe.source,
         "encoding": recipe.encoding.name,
@@ -255,7 +260,6 @@ def train(
     }
     if world.main:
         atomic_write_json(out / "summary.json", summary)
-    distributed.stop(world)
     return summary
 
 

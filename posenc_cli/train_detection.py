@@ -216,8 +216,11 @@ def train_detection(
                 world.barrier()
     except KeyboardInterrupt:
         # last.pt already holds the end of the last finished epoch; the partial one is redone
-        distributed.stop(world)
         raise
+    except RuntimeError as err:
+        if not distributed.peer_failure(err, world):
+            raise
+        raise distributed.lost(err, world, out) from None
     summary = {
         "recipe": recipe.source,
         "kind": "detection",
@@ -236,5 +239,4 @@ def train_detection(
     }
     if world.main:
         atomic_write_json(out / "summary.json", summary)
-    distributed.stop(world)
     return summary

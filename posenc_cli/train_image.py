@@ -229,8 +229,11 @@ def train_image(
                 world.barrier()
     except KeyboardInterrupt:
         # last.pt already holds the end of the last finished epoch; the partial one is redone
-        distributed.stop(world)
         raise
+    except RuntimeError as err:
+        if not distributed.peer_failure(err, world):
+            raise
+        raise distributed.lost(err, world, out) from None
     summary = {
         "recipe": recipe.source,
         "kind": "image",
@@ -250,5 +253,4 @@ def train_image(
     }
     if world.main:
         atomic_write_json(out / "summary.json", summary)
-    distributed.stop(world)
     return summary

@@ -137,8 +137,8 @@ def test_loading_leaves_the_callers_random_state_alone():
 # ----------------------------------------------------------------------------- defaults, extends
 
 
-def test_an_empty_recipe_gives_the_documented_defaults(tmp_path):
-    recipe = load_recipe(write(tmp_path, "empty.yaml", ""))
+def test_a_recipe_of_empty_sections_gives_the_documented_defaults(tmp_path):
+    recipe = load_recipe(write(tmp_path, "bare.yaml", "model: {}\n"))
     assert recipe == Recipe()
     assert recipe.model == ModelConfig(dim=64, depth=2, heads=4, mlp_ratio=4.0, mem_len=0)
     assert recipe.data == DataConfig(task="copy", vocab=16, train_lengths=[5, 20], corpus=None)

@@ -40,8 +40,9 @@ def train_command(
     Example: posenc train quickstart train.steps=300 --out runs/quick
     """
     from posenc_cli.config import dump_recipe, expand_sweep, load_recipe
-    from posenc_cli.distributed import is_main_process
+    from posenc_cli.distributed import PeerLost, is_main_process
     from posenc_cli.experiments import check_jobs, default_out, run_recipe
+    from posenc_cli.terminate import Terminated, sigterm_as_interrupt
     from posenc_cli.train import TrainingStopped
 
     check_jobs(jobs)
@@ -54,13 +55,20 @@ def train_command(
         return
     err = Console(stderr=True)
     try:
-        dirs = run_recipe(resolved, out, resume, err, jobs)
+        with sigterm_as_interrupt():
+            dirs = run_recipe(resolved, out, resume, err, jobs)
+    except Terminated:
+        err.print(
+            "stopped by SIGTERM: the last checkpoint is saved; continue with the same command "
+            "and --resume"
+        )
+        raise typer.Exit(143) from None
     except KeyboardInterrupt:
         err.print(
             "interrupted: the last checkpoint is saved; continue with the same command and --resume"
         )
         raise typer.Exit(130) from None
-    except TrainingStopped as stop:
+    except (TrainingStopped, PeerLost) as stop:
         print(f"error: {stop}", file=sys.stderr)
         raise typer.Exit(1) from None
     base = out or default_out(resolved)
@@ -95,14 +103,62 @@ def evaluate_command(
 
     Example: posenc evaluate runs/quick --lengths 8,16,32,64 --shift 100
     """
-    from posenc_cli.evaluate import evaluate_run, run_kind
+    from posenc_cli.commands.common import check_writable, reject_options, written
+    from posenc_cli.evaluate import (
+        eval_name,
+        evaluate_run,
+        run_directory,
+        run_kind,
+        save_evaluation,
+    )
 
     check_png(out)
+    run_dir = run_directory(run_dir)
     kind = run_kind(run_dir)
+    overrides = list(overrides or [])
     if kind == "detection":
-        from posenc_cli.evaluate_detection import evaluate_detection_run
+        reject_options(
+            {
+                "--lengths": lengths,
+                "--shift": shift,
+                "--sizes": sizes,
+                "--shifts": shifts,
+                "--out": out,
+            },
+            "a detection run takes none of these: it is scored on its validation set and "
+            "draws predictions.png in the run directory",
+        )
+    elif kind == "image":
+        reject_options(
+            {"--lengths": lengths, "--shift": shift},
+            "for text runs; an image run takes --sizes (sides in px) and --shifts (px), "
+            "e.g. --sizes 32,48 --shifts 0,4",
+        )
+    else:
+        reject_options(
+            {"--sizes": sizes, "--shifts": shifts},
+            "for image runs; a text run takes --lengths and --shift, e.g. --lengths 16,32",
+        )
+    if shift is not None and shift < 0:
+        raise UsageError(f"--shift {shift}: give a position offset >= 0, e.g. --shift 100")
+    length_list = int_list(lengths, "--lengths")
+    size_list, shift_list = int_list(sizes, "--sizes"), int_list(shifts, "--shifts", minimum=0)
+    # results are written last, so find out now, before a long evaluation, that they can be
+    check_writable(
+        run_dir,
+        f"{run_dir} (the evaluation is saved there)",
+        "make the run directory writable, or copy the run and evaluate the copy",
+    )
+    if out is not None:
+        check_writable(out.parent, f"--out {out}", "give a path in a folder you can write")
+    if kind == "detection":
+        from posenc_cli.evaluate_detection import score_detection_run
 
-        result = evaluate_detection_run(run_dir, list(overrides or []))
+        result, draw = score_detection_run(run_dir, overrides)
+        with written(run_dir / "predictions.png"):
+            draw(run_dir / "predictions.png")
+        with written(run_dir / "eval.json"):
+            save_evaluation(run_dir / "eval.json", result)
         if format is Format.json:
             print(json.dumps(result))
             return
@@ -115,23 +171,25 @@ def evaluate_command(
         console.print(f"predictions drawn in {run_dir / 'predictions.png'}")
         return
     if kind == "image":
-        show_image_evaluation(run_dir, list(overrides or []), sizes, shifts, out, format)
+        show_image_evaluation(run_dir, overrides, size_list, shift_list, out, format)
         return
-    if sizes is not None or shifts is not None:
-        raise UsageError("--sizes and --shifts are for image runs; use --lengths and --shift")
-    result = evaluate_run(run_dir, list(overrides or []), int_list(lengths, "--lengths"), shift)
+    result = evaluate_run(run_dir, overrides, length_list, shift, write=False)
     if out is not None:
         from posenc_cli.plots import save_length_curves
 
         ok = {int(n): r for n, r in result["lengths"].items() if "error" not in r}
         ns = sorted(ok)
-        save_length_curves(
-            {result["encoding"]: (ns, [ok[n]["token_accuracy"] for n in ns], [0.0] * len(ns))},
-            "token_accuracy",
-            f"{run_dir} (shift {result['shift']})",
-            out,
-            tuple(result["train_lengths"]),
-        )
+        with written(out):
+            save_length_curves(
+                {result["encoding"]: (ns, [ok[n]["token_accuracy"] for n in ns], [0.0] * len(ns))},
+                "token_accuracy",
+                f"{run_dir} (shift {result['shift']})",
+                out,
+                tuple(result["train_lengths"]),
+            )
+    saved = run_dir / eval_name(result["shift"])
+    with written(saved):
+        save_evaluation(saved, result)  # merged: lengths recorded before are kept
     if format is Format.json:
         print(json.dumps(result))
         return
@@ -161,33 +219,41 @@ def evaluate_command(
     console.print(table)
 
 
-def show_image_evaluation(run_dir, overrides, sizes, shifts, out, format) -> None:
+def show_image_evaluation(
+    run_dir: Path,
+    overrides: list[str],
+    sizes: list[int] | None,
+    shifts: list[int] | None,
+    out: Path | None,
+    format: Format,
+) -> None:
+    """Score an image run at ``sizes`` x ``shifts``; write the curve, then eval.json (merged)."""
+    from posenc_cli.commands.common import written
+    from posenc_cli.evaluate import save_evaluation
     from posenc_cli.evaluate_image import evaluate_image_run
 
-    shift_list = None
-    if shifts is not None:
-        shift_list = [int(v) for v in shifts.split(",")] if shifts.strip() else None
-        if shift_list is None or min(shift_list) < 0:
-            raise UsageError(f"--shifts {shifts!r}: give pixels >= 0 separated by commas, e.g. 0,4")
-    result = evaluate_image_run(run_dir, overrides, int_list(sizes, "--sizes"), shift_list)
+    result = evaluate_image_run(run_dir, overrides, sizes, shifts, write=False)
     if out is not None:
         from posenc_cli.plots import save_length_curves
 
         ok = {k: r for k, r in result["lengths"].items() if k.isdigit() and "error" not in r}
         ns = sorted(ok, key=int)
-        save_length_curves(
-            {
-                result["encoding"]: (
-                    [int(n) for n in ns],
-                    [ok[n]["top1"] for n in ns],
-                    [0.0] * len(ns),
-                )
-            },
-            "top1",
-            f"{run_dir} (trained at {result['trained_size']} px)",
-            out,
-            (result["trained_size"], result["trained_size"]),
-        )
+        with written(out):
+            save_length_curves(
+                {
+                    result["encoding"]: (
+                        [int(n) for n in ns],
+                        [ok[n]["top1"] for n in ns],
+                        [0.0] * len(ns),
+                    )
+                },
+                "top1",
+                f"{run_dir} (trained at {result['trained_size']} px)",
+                out,
+                (result["trained_size"], result["trained_size"]),
+            )
+    with written(run_dir / "eval.json"):
+        save_evaluation(run_dir / "eval.json", result)
     if format is Format.json:
         print(json.dumps(result))
         return
@@ -221,9 +287,12 @@ def compare_command(
 
     Example: posenc compare runs/extrapolation --format md --out extrapolation.png
     """
+    from posenc_cli.commands.common import check_writable, written
     from posenc_cli.compare import compare, metrics_of
 
     check_png(out)
+    if out is not None:
+        check_writable(out.parent, f"--out {out}", "give a path in a folder you can write")
     known = dict.fromkeys([*metrics_of("text"), *metrics_of("image"), *metrics_of("detection")])
     if metric is not None and metric not in known:
         raise UsageError(f"--metric {metric!r}: choose one of {', '.join(known)}")
@@ -252,7 +321,8 @@ def compare_command(
         }
         shade = trained.pop() if len(trained) == 1 else None  # shade only a range all runs share
         title = "posenc compare: " + ", ".join(map(str, runs))
-        save_length_curves(series, metric, title, out, shade)
+        with written(out):
+            save_length_curves(series, metric, title, out, shade)
     show_comparison(result, metric, format)
     if out is not None and format is CompareFormat.table:
         console.print(f"wrote {out}")
