@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -163,29 +165,40 @@ def test_resume_of_a_finished_run_says_what_it_ignored(rope_run, capsys):
 # ----------------------------------------------------------------------------- the lock
 
 
-def test_a_second_writer_of_a_run_directory_is_refused_naming_the_holder(tmp_path, capsys):
-    out = tmp_path / "run"
+@contextmanager
+def held_elsewhere(folder: Path) -> Iterator[int]:
+    """``folder`` locked by another process while the block runs; yields that process's pid."""
+    script = (
+        "import sys; from pathlib import Path; from posenc_cli.run_lock import hold\n"
+        f"with hold(Path({str(folder)!r})):\n    print('held', flush=True); sys.stdin.read()"
+    )
     holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from pathlib import Path; from posenc_cli.run_lock import hold\n"
-            f"with hold(Path({str(out)!r})):\n    print('held', flush=True); sys.stdin.read()",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
         assert holder.stdout.readline().strip() == "held"
-        code, _, err = run(capsys, "train", "quickstart", *TINY, "--out", str(out))
-        one_line_error(code, err, f"process {holder.pid}", "being written", "--out")
-        assert sorted(p.name for p in out.iterdir()) == [".lock"]  # nothing of this run
+        yield holder.pid
     finally:
         holder.communicate("", timeout=30)
+
+
+def test_a_second_writer_of_a_run_directory_is_refused_naming_the_holder(tmp_path, capsys):
+    out = tmp_path / "run"
+    with held_elsewhere(out) as pid:
+        code, _, err = run(capsys, "train", "quickstart", *TINY, "--out", str(out))
+        one_line_error(code, err, f"process {pid}", "being written", "--out")
+        assert sorted(p.name for p in out.iterdir()) == [".lock"]  # nothing of this run
     # once the holder is gone the folder is free again
     code, _, err = run(capsys, "train", "quickstart", *TINY, "--out", str(out))
     assert code == 0, err
+
+
+def test_evaluate_of_a_run_being_written_is_refused_and_changes_nothing(rope_run, capsys):
+    with held_elsewhere(rope_run) as pid:
+        before = snapshot(rope_run)
+        code, _, err = run(capsys, "evaluate", str(rope_run), "--lengths", "4")
+        one_line_error(code, err, f"process {pid}", "being written")
+        assert snapshot(rope_run) == before
 
 
 # ----------------------------------------------------------------------------- signals

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -54,13 +55,16 @@ def train_command(
         print(f"# {len(runs)} run(s) into {base}: " + ", ".join(name for name, _ in runs))
         return
     err = Console(stderr=True)
+    torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1
     try:
         with sigterm_as_interrupt():
             dirs = run_recipe(resolved, out, resume, err, jobs)
     except Terminated:
+        why = " (under torchrun: another rank failed, its error is above)" if torchrun else ""
         err.print(
-            "stopped by SIGTERM: the last checkpoint is saved; continue with the same command "
-            "and --resume"
+            f"stopped by SIGTERM{why}: the last checkpoint is saved; continue with the same "
+            "command and --resume",
+            soft_wrap=True,
         )
         raise typer.Exit(143) from None
     except KeyboardInterrupt:
@@ -103,14 +107,9 @@ def evaluate_command(
 
     Example: posenc evaluate runs/quick --lengths 8,16,32,64 --shift 100
     """
-    from posenc_cli.commands.common import check_writable, reject_options, written
-    from posenc_cli.evaluate import (
-        eval_name,
-        evaluate_run,
-        run_directory,
-        run_kind,
-        save_evaluation,
-    )
+    from posenc_cli.commands.common import check_writable, reject_options
+    from posenc_cli.evaluate import run_directory, run_kind
+    from posenc_cli.run_lock import hold
 
     check_png(out)
     run_dir = run_directory(run_dir)
@@ -151,6 +150,27 @@ def evaluate_command(
     )
     if out is not None:
         check_writable(out.parent, f"--out {out}", "give a path in a folder you can write")
+    with hold(run_dir):  # no training or other evaluation writes it meanwhile
+        show_evaluation(
+            run_dir, kind, overrides, length_list, shift, size_list, shift_list, out, format
+        )
+
+
+def show_evaluation(
+    run_dir: Path,
+    kind: str,
+    overrides: list[str],
+    length_list: list[int] | None,
+    shift: int | None,
+    size_list: list[int] | None,
+    shift_list: list[int] | None,
+    out: Path | None,
+    format: Format,
+) -> None:
+    """Score a run of any kind, write its picture, then its evaluation (merged), and show it."""
+    from posenc_cli.commands.common import written
+    from posenc_cli.evaluate import eval_name, evaluate_run, save_evaluation
+
     if kind == "detection":
         from posenc_cli.evaluate_detection import score_detection_run
 
