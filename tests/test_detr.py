@@ -16,7 +16,7 @@ from torchvision.ops import FrozenBatchNorm2d
 from posenc_cli.detection.backbone import Backbone
 from posenc_cli.detection.detr import SETTINGS, DETRLite, SineQK, build_detr
 from posenc_cli.encodings import ENCODINGS, build_encoding
-from posenc_cli.encodings.base import grid_positions
+from posenc_cli.encodings.base import HOOKS, PositionEncoding, grid_positions
 from posenc_cli.encodings.sincos2d import SinCos2D, sincos2d_table
 from posenc_cli.errors import UsageError
 from posenc_cli.models.attention import Attention
@@ -270,6 +270,40 @@ def test_sine_plus_irpe_attention_matches_a_direct_computation():
     out = weights @ v + irpe.value(weights, pos, pos)
     expected = att.proj(out.transpose(1, 2).reshape(2, 12, DIM))
     assert_close(att(x, positions=pos), expected, atol=1e-10, rtol=1e-10)
+
+
+def test_the_sine_wrapper_hands_every_hook_but_qk_input_to_the_inner_encoding():
+    """Read from the interface itself: a hook added to PositionEncoding later is forwarded too
+    (a hand-written forwarder once missed ``attend``, so sine + iRPE left iRPE's kernel)."""
+    calls = []
+
+    class Recorder(PositionEncoding):
+        pass
+
+    for name in HOOKS:
+        setattr(Recorder, name, lambda self, *a, _name=name, **k: calls.append((_name, a)))
+    wrapped = SineQK(SinCos2D(dim=DIM, where="qk"), Recorder(heads=HEADS, head_dim=DIM // HEADS))
+    assert "attend" in HOOKS and "window_value" in HOOKS
+    for name in HOOKS:
+        if name != "qk_input":
+            getattr(wrapped, name)(name, 1)
+    assert calls == [(name, (name, 1)) for name in HOOKS if name != "qk_input"]
+
+
+def test_sine_plus_contextual_irpe_runs_on_irpes_own_kernel(monkeypatch):
+    irpe = build_encoding("irpe", heads=HEADS, head_dim=DIM // HEADS, on="qk")
+    att = Attention(DIM, HEADS, SineQK(SinCos2D(dim=DIM, where="qk"), irpe))
+    asked = []
+    original = type(irpe).attend
+
+    def attend(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        asked.append(out is not None)
+        return out
+
+    monkeypatch.setattr(type(irpe), "attend", attend)
+    att(torch.randn(2, 12, DIM), positions=grid_positions(3, 4))
+    assert asked == [True]
 
 
 @pytest.mark.parametrize("sine", [True, False])

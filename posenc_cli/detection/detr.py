@@ -55,7 +55,7 @@ from torch import Tensor, nn
 
 from posenc_cli.detection.backbone import Backbone, BackboneName, Norm, Stride
 from posenc_cli.encodings import ENCODINGS, build_encoding, user_params
-from posenc_cli.encodings.base import PositionEncoding, grid_positions
+from posenc_cli.encodings.base import PositionEncoding, WrappedEncoding, grid_positions
 from posenc_cli.encodings.sincos2d import SinCos2D
 from posenc_cli.errors import UsageError
 from posenc_cli.models.blocks import MLP, TransformerBlock
@@ -70,52 +70,20 @@ SETTINGS: dict[str, tuple[bool, str]] = {
 }
 
 
-class SineQK(PositionEncoding):
-    """DETR's sine on the q/k inputs plus every hook of another encoding, in one attention.
-
-    ``Attention`` consults one encoding; this one answers ``qk_input`` with the sine (plus the
-    inner encoding's own, if any) and hands every other hook to ``inner``.
-    """
+class SineQK(WrappedEncoding):
+    """DETR's sine on the q/k inputs around another encoding, in one attention: ``qk_input``
+    is the sine (plus the inner encoding's own, if any); every other hook is the inner one's."""
 
     dims = 2
 
     def __init__(self, sine: SinCos2D, inner: PositionEncoding) -> None:
-        super().__init__(heads=inner.heads, head_dim=inner.head_dim, causal=inner.causal)
+        super().__init__(inner)
         self.sine = sine
-        self.inner = inner
-
-    @property
-    def uses_value(self) -> bool:
-        return self.inner.uses_value
-
-    def logit_scale(self) -> float:
-        return self.inner.logit_scale()
-
-    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
-        return self.inner.embed(x, positions)
-
-    def buckets(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, int] | None:
-        return self.inner.buckets(q_pos, k_pos)
 
     def qk_input(self, positions: Tensor) -> Tensor | None:
         table = self.sine.table(positions)  # (N, D), float64
         other = self.inner.qk_input(positions)
         return table if other is None else table + other
-
-    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
-        return self.inner.rotate(q, k, q_pos, k_pos)
-
-    def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
-        return self.inner.bias(q, k, q_pos, k_pos)
-
-    def value(self, attn: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
-        return self.inner.value(attn, q_pos, k_pos)
-
-    def window_bias(self, q: Tensor, k_window: Tensor, offsets: Tensor) -> Tensor | None:
-        return self.inner.window_bias(q, k_window, offsets)
-
-    def window_value(self, attn: Tensor, offsets: Tensor) -> Tensor | None:
-        return self.inner.window_value(attn, offsets)
 
 
 class DecoderLayer(nn.Module):

@@ -104,6 +104,41 @@ class PositionEncoding(nn.Module):
         return None
 
 
+# Every hook of the interface: the public methods above, read from the class itself, so a
+# hook added there is forwarded by ``WrappedEncoding`` without a line more.
+HOOKS: tuple[str, ...] = tuple(
+    name for name, member in vars(PositionEncoding).items()
+    if callable(member) and not name.startswith("_")
+)  # fmt: skip
+
+
+def _forward(name: str):
+    def hook(self, *args, **kwargs):
+        return getattr(self.inner, name)(*args, **kwargs)
+
+    hook.__name__ = name
+    hook.__doc__ = f"``inner.{name}``, unless the wrapper overrides it."
+    return hook
+
+
+class WrappedEncoding(PositionEncoding):
+    """An encoding around another one: every hook goes to ``inner`` unless the subclass
+    overrides it (DETR's sine on q/k around any encoding overrides ``qk_input`` alone).
+    Forwarding hook by hook by hand forgets the next hook added (it once missed ``attend``)."""
+
+    def __init__(self, inner: PositionEncoding) -> None:
+        super().__init__(heads=inner.heads, head_dim=inner.head_dim, causal=inner.causal)
+        self.inner = inner
+
+    @property
+    def uses_value(self) -> bool:
+        return self.inner.uses_value
+
+
+for _name in HOOKS:
+    setattr(WrappedEncoding, _name, _forward(_name))
+
+
 PREFIX = -1  # the (row, col) of a prefix token: it has no place on the grid
 
 
