@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from posenc_cli.errors import UsageError
+from posenc_cli.params import close_match
+from posenc_cli.statistics import MOST_SEEDS, ci95, welch
 
 METRICS = ("token_accuracy", "exact_match", "loss", "perplexity")
 IMAGE_METRICS = ("top1", "top5", "loss")  # columns: image side in px, "+K" for a K px shift
@@ -109,16 +111,19 @@ def natural_key(label: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", label)]
 
 
-def summarise(values: list[float]) -> dict[str, float]:
+def summarise(values: list[float]) -> dict[str, Any]:
     return {
         "mean": statistics.fmean(values),
         "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "ci95": ci95(values),  # half-width; None for one seed
         "n": len(values),
+        "values": values,  # one per seed, for the tests against a baseline
     }
 
 
-def compare(paths: list[Path]) -> dict[str, Any]:
-    """``{"groups": {label: {length: {metric: {mean, std, n}}}}, "best": {...}}``."""
+def compare(paths: list[Path], baseline: str | None = None) -> dict[str, Any]:
+    """``{"groups": {label: {length: {metric: {mean, std, ci95, n, values}}}}, "best": {...}}``;
+    with ``baseline`` (a group label) every other group's cells gain ``vs_baseline``."""
     by_group: dict[str, list[dict]] = defaultdict(list)
     for run in find_runs(paths):
         result = read_evaluation(run / "eval.json")
@@ -165,7 +170,31 @@ def compare(paths: list[Path]) -> dict[str, Any]:
             winners = [label for label, value in scored.items() if value == top]
             # a tie across every group (all 0.000, say) singles nobody out
             best[length][metric] = winners if len(winners) < len(scored) else []
-    return {"kind": kind, "lengths": ordered, "groups": groups, "best": best}
+    result = {"kind": kind, "lengths": ordered, "groups": groups, "best": best}
+    if baseline is not None:
+        test_against(result, baseline)
+    return result
+
+
+def test_against(result: dict[str, Any], baseline: str) -> None:
+    """Welch's test of every group against ``baseline`` in every cell both have."""
+    groups = result["groups"]
+    if baseline not in groups:
+        hint = close_match(baseline, groups)
+        raise UsageError(
+            f"--baseline {baseline!r}: no such encoding among these runs{hint}; "
+            f"choose one of {', '.join(groups)}"
+        )
+    result["baseline"] = baseline
+    base = groups[baseline]["lengths"]
+    for label, g in groups.items():
+        if label == baseline:
+            continue
+        for length, cells in g["lengths"].items():
+            for metric, stats in cells.items():
+                other = base.get(length, {}).get(metric)
+                if isinstance(stats, dict) and other is not None:
+                    stats["vs_baseline"] = welch(stats["values"], other["values"])
 
 
 def column_title(result: dict[str, Any], key: str) -> str:
@@ -178,10 +207,41 @@ def column_title(result: dict[str, Any], key: str) -> str:
 
 
 def cell(stats: dict, metric: str) -> str:
+    """``mean ± 95% CI``, then ▲ or ▼ where the difference from the baseline is resolved."""
     if "error" in stats or metric not in stats:
         return "n/a"
     s = stats[metric]
-    return f"{s['mean']:.3f} ± {s['std']:.3f}" if s["n"] > 1 else f"{s['mean']:.3f}"
+    text = f"{s['mean']:.3f} ± {s['ci95']:.3f}" if s["ci95"] is not None else f"{s['mean']:.3f}"
+    test = s.get("vs_baseline")
+    if test and test["resolved"]:
+        better = (test["diff"] < 0) == (metric in LOWER_IS_BETTER)
+        text += " ▲" if better else " ▼"
+    return text
+
+
+def test_cell(stats: dict, metric: str) -> str:
+    """``+0.031 (p 0.012, d 1.9, 4 seeds)``: the difference from the baseline, Welch's p, the
+    effect size and the seeds per encoding that would resolve it."""
+    test = stats.get(metric, {}).get("vs_baseline") if "error" not in stats else None
+    if not test:
+        return "n/a"
+    if test["p"] is None:
+        return f"{test['diff']:+.3f} (one seed)"
+    d = "inf" if test["effect_size"] is None else f"{test['effect_size']:.2f}"
+    needed = test["seeds_needed"]
+    seeds = f"{needed} seeds" if needed else f"> {MOST_SEEDS} seeds"
+    mark = "*" if test["resolved"] else ""
+    return f"{test['diff']:+.3f}{mark} (p {test['p']:.3f}, d {d}, {seeds})"
+
+
+def test_rows(result: dict[str, Any], metric: str) -> list[list[str]]:
+    """One row per group other than the baseline, one test cell per length."""
+    return [
+        [label, str(len(g["seeds"])), *(test_cell(g["lengths"].get(n, {"error": ""}), metric)
+                                        for n in result["lengths"])]
+        for label, g in result["groups"].items()
+        if label != result["baseline"]
+    ]  # fmt: skip
 
 
 def rows(result: dict[str, Any], metric: str, mark: Callable[[str], str]) -> list[list[str]]:
@@ -203,4 +263,8 @@ def markdown(result: dict[str, Any], metric: str) -> str:
     lines = [head, "|" + "---|" * (len(lengths) + 2)]
     for row in rows(result, metric, lambda text: f"**{text}**"):
         lines.append("| " + " | ".join(row) + " |")
+    if "baseline" in result:
+        lines += ["", f"Against {result['baseline']} (Welch's t-test; * resolved at 5%):", ""]
+        lines += [head.replace("| encoding |", "| encoding - baseline |", 1), lines[1]]
+        lines += ["| " + " | ".join(row) + " |" for row in test_rows(result, metric)]
     return "\n".join(lines)

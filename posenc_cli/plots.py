@@ -117,7 +117,8 @@ def save_length_curves(
     out: Path,
     trained: tuple[int, int] | None = None,
 ) -> Path:
-    """Metric against evaluated length, one line per encoding, mean with a +-std band."""
+    """Metric against evaluated length, one line per encoding: the mean with a band of the
+    given half-widths (compare passes the 95% confidence interval)."""
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     for label, (lengths, means, stds) in series.items():
         means_a, stds_a = np.asarray(means), np.asarray(stds)

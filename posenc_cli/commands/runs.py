@@ -302,10 +302,18 @@ def compare_command(
         CompareFormat, typer.Option("--format", help="table, json or md")
     ] = CompareFormat.table,
     out: Annotated[Path | None, typer.Option("--out", help="PNG plot of metric vs length.")] = None,
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            "--baseline", help="Test every encoding against this one (Welch's t-test over seeds)."
+        ),
+    ] = None,
 ) -> None:
-    """Encodings side by side: mean and spread over seeds at every evaluated length.
+    """Encodings side by side: mean and 95% confidence interval over seeds at every evaluated
+    length; with --baseline, whether each differs from it beyond the spread, the effect size
+    and the seeds that would resolve it.
 
-    Example: posenc compare runs/extrapolation --format md --out extrapolation.png
+    Example: posenc compare runs/extrapolation --baseline none --format md
     """
     from posenc_cli.commands.common import check_writable, written
     from posenc_cli.compare import compare, metrics_of
@@ -316,7 +324,7 @@ def compare_command(
     known = dict.fromkeys([*metrics_of("text"), *metrics_of("image"), *metrics_of("detection")])
     if metric is not None and metric not in known:
         raise UsageError(f"--metric {metric!r}: choose one of {', '.join(known)}")
-    result = compare(runs)
+    result = compare(runs, baseline)
     valid = metrics_of(result["kind"])
     metric = metric or valid[0]
     if metric not in valid:
@@ -334,7 +342,7 @@ def compare_command(
             series[label] = (
                 [int(n) for n in ns],
                 [g["lengths"][n][metric]["mean"] for n in ns],
-                [g["lengths"][n][metric]["std"] for n in ns],
+                [g["lengths"][n][metric]["ci95"] or 0.0 for n in ns],  # 95% CI band
             )
         trained = {
             tuple(g["train_lengths"]) for g in result["groups"].values() if g["train_lengths"]
@@ -349,7 +357,7 @@ def compare_command(
 
 
 def show_comparison(result, metric: str, format: CompareFormat) -> None:
-    from posenc_cli.compare import column_title, markdown, rows
+    from posenc_cli.compare import markdown, rows, test_rows
 
     if format is CompareFormat.json:
         print(json.dumps(result))
@@ -357,11 +365,28 @@ def show_comparison(result, metric: str, format: CompareFormat) -> None:
     if format is CompareFormat.md:
         print(markdown(result, metric))
         return
-    table = Table(title=f"{metric.replace('_', ' ')}: mean ± std over seeds (best in bold)")
+    name = metric.replace("_", " ")
+    marks = f"; ▲ ▼ better or worse than {result['baseline']} at 5%" if "baseline" in result else ""
+    title = f"{name}: mean ± 95% CI over seeds (best in bold{marks})"
+    console.print(
+        results_table(result, title, rows(result, metric, lambda t: f"[bold green]{t}[/]"))
+    )
+    if "baseline" in result:
+        title = (
+            f"{name}, minus {result['baseline']}: Welch's t-test (* resolved at 5%), "
+            "Cohen's d, seeds per encoding to resolve it"
+        )
+        console.print(results_table(result, title, test_rows(result, metric)))
+
+
+def results_table(result, title: str, body: list[list[str]]) -> Table:
+    from posenc_cli.compare import column_title
+
+    table = Table(title=title)
     table.add_column("encoding")
     table.add_column("seeds", justify="right")
     for n in result["lengths"]:
         table.add_column(column_title(result, n), justify="right")
-    for row in rows(result, metric, lambda text: f"[bold green]{text}[/]"):
+    for row in body:
         table.add_row(*row)
-    console.print(table)
+    return table

@@ -1,0 +1,93 @@
+"""The statistics behind `posenc compare`: intervals and Welch's test against scipy and against
+the textbook formulas, the seeds needed against Cohen's power table, and `compare --baseline`
+end to end on evaluations the test writes."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+import pytest
+from scipy import stats
+
+from posenc_cli.statistics import ci95, cohens_d, power, seeds_needed, welch
+from tests.helpers import run
+
+A = [0.81, 0.84, 0.79, 0.83, 0.80]
+B = [0.71, 0.78, 0.69, 0.74]
+
+
+def test_ci95_is_students_interval():
+    low, high = stats.t.interval(0.95, len(A) - 1, loc=statistics.fmean(A), scale=stats.sem(A))
+    assert ci95(A) == pytest.approx((high - low) / 2)
+    assert ci95([0.5]) is None
+
+
+def test_welch_matches_scipy_and_the_formula():
+    test = welch(A, B)
+    reference = stats.ttest_ind(A, B, equal_var=False)
+    assert (test["t"], test["p"]) == pytest.approx((reference.statistic, reference.pvalue))
+    va, vb = statistics.variance(A) / len(A), statistics.variance(B) / len(B)
+    t = (statistics.fmean(A) - statistics.fmean(B)) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / (len(A) - 1) + vb**2 / (len(B) - 1))  # Welch-Satterthwaite
+    assert test["t"] == pytest.approx(t) and test["p"] == pytest.approx(2 * stats.t.sf(t, df))
+    assert test["resolved"] and test["diff"] == pytest.approx(0.084)
+    pooled = math.sqrt((statistics.variance(A) + statistics.variance(B)) / 2)
+    assert test["effect_size"] == pytest.approx(0.084 / pooled)
+
+
+def test_a_difference_inside_the_spread_is_not_resolved():
+    test = welch([0.5, 0.7, 0.6], [0.55, 0.65, 0.62])
+    assert not test["resolved"] and test["p"] > 0.5
+
+
+def test_seeds_needed_match_cohens_power_table():
+    # two-sided, alpha 0.05, power 0.8: d = 0.5, 0.8, 1.0 need 64, 26 and 17 per group
+    assert [seeds_needed(d) for d in (0.5, 0.8, 1.0)] == [64, 26, 17]
+    assert power(1.0, 17) >= 0.8 > power(1.0, 16)
+    assert seeds_needed(0.0) is None and seeds_needed(1e-4) is None  # past any budget
+
+
+def test_identical_seeds_have_no_spread_to_test():
+    assert cohens_d([1.0, 1.0], [1.0, 1.0]) == 0.0
+    test = welch([1.0, 1.0], [0.5, 0.5])
+    assert test["resolved"] and test["effect_size"] is None and test["seeds_needed"] == 2
+
+
+def write_runs(root, groups: dict[str, list[float]]) -> None:
+    for name, values in groups.items():
+        for seed, value in enumerate(values):
+            run_dir = root / f"encoding.name={name},seed={seed}"
+            run_dir.mkdir(parents=True)
+            cell = {"loss": 1 - value, "perplexity": 2.0, "token_accuracy": value,
+                    "exact_match": 0.0}  # fmt: skip
+            result = {"encoding": name, "encoding_params": {}, "seed": seed,
+                      "train_lengths": [4, 8], "lengths": {"8": cell}}  # fmt: skip
+            (run_dir / "eval.json").write_text(json.dumps(result))
+
+
+def test_compare_against_a_baseline_in_json_markdown_and_the_table(tmp_path, capsys):
+    write_runs(tmp_path, {"none": B, "alibi": A, "rope": [0.70, 0.80, 0.72, 0.76]})
+    code, out, err = run(capsys, "compare", str(tmp_path), "--baseline", "none", "--format", "json")
+    assert code == 0, err
+    groups = json.loads(out)["groups"]
+    cell = groups["alibi"]["lengths"]["8"]["token_accuracy"]
+    assert cell["ci95"] == pytest.approx(ci95(A))
+    assert cell["vs_baseline"]["p"] == pytest.approx(stats.ttest_ind(A, B, equal_var=False).pvalue)
+    assert "vs_baseline" not in groups["none"]["lengths"]["8"]["token_accuracy"]
+    assert not groups["rope"]["lengths"]["8"]["token_accuracy"]["vs_baseline"]["resolved"]
+    # lower is better for the loss: alibi's lower loss is still marked as better
+    code, out, _ = run(capsys, "compare", str(tmp_path), "--baseline", "none", "--format", "md",
+                       "--metric", "loss")  # fmt: skip
+    assert code == 0 and "Against none" in out
+    alibi = next(line for line in out.splitlines() if line.startswith("| alibi"))
+    assert "▲" in alibi
+    code, out, _ = run(capsys, "compare", str(tmp_path), "--baseline", "none")
+    assert code == 0 and "Welch" in out and "seeds" in out
+
+
+def test_an_unknown_baseline_is_one_line(tmp_path, capsys):
+    write_runs(tmp_path, {"none": B, "alibi": A})
+    code, _, err = run(capsys, "compare", str(tmp_path), "--baseline", "alibj")
+    assert code == 2 and "alibi" in err and len(err.strip().splitlines()) == 1
