@@ -8,6 +8,7 @@ for columns.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -64,6 +65,19 @@ def grid_buckets(
             BucketMap(f"{title} columns", ids[1].reshape(height, width), count, query=query),
         ]
     return [BucketMap(title, ids.reshape(height, width), count, query=query)]
+
+
+def scaled_grids(height: int, width: int, cells: Sequence[int]) -> list[tuple[int, int]]:
+    """Grids of the shape ``height x width`` scaled down to about ``cells`` patches each: small
+    versions of a grid, to measure what it will cost (rows, columns and patches all grow with
+    the scale, so the cost is a polynomial in it)."""
+    grids = []
+    for target in cells:
+        scale = (target / (height * width)) ** 0.5
+        grid = max(1, round(height * scale)), max(1, round(width * scale))
+        if grid not in grids:
+            grids.append(grid)
+    return grids
 
 
 def parse_grid(text: str) -> tuple[int, int]:

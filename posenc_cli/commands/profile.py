@@ -11,10 +11,12 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from posenc_cli.commands.common import CompareFormat, console, int_list
+from posenc_cli.commands.common import CompareFormat, console, int_list, reject_options
 from posenc_cli.errors import UsageError
 
 DEFAULT_LENGTHS = [128, 256, 512, 1024]
+DEFAULT_DIM, DEFAULT_HEADS = 256, 4  # --layer attention
+INTERRUPTED = "interrupted: profile stopped; nothing was written"
 
 
 def resolve_encodings(compare: str | None, default: str, compatible: list[str], check) -> list[str]:
@@ -38,7 +40,14 @@ def resolve_encodings(compare: str | None, default: str, compatible: list[str], 
     return names
 
 
-def build_workload(target: str | None, overrides: list[str], layer: str | None, dim, heads, window):
+def build_workload(
+    target: str | None,
+    overrides: list[str],
+    layer: str | None,
+    dim: int | None,
+    heads: int | None,
+    window: int | None,
+):
     from posenc_cli.encodings import ENCODINGS
     from posenc_cli.profiling.workloads import (
         DetectionRecipeWorkload,
@@ -54,7 +63,11 @@ def build_workload(target: str | None, overrides: list[str], layer: str | None, 
             raise UsageError("--layer attention takes no recipe; drop the recipe or --layer")
         if window is not None and (window < 1 or window % 2 == 0):
             raise UsageError(f"--window {window}: give an odd number of patches, e.g. 7")
-        workload = LayerWorkload(dim=dim, heads=heads, window=window)
+        workload = LayerWorkload(
+            dim=DEFAULT_DIM if dim is None else dim,
+            heads=DEFAULT_HEADS if heads is None else heads,
+            window=window,
+        )
         if window is not None:
             compatible = [n for n, c in ENCODINGS.items() if c.dims == 2 or n == "none"]
         else:
@@ -62,6 +75,10 @@ def build_workload(target: str | None, overrides: list[str], layer: str | None, 
         return workload, "none", compatible
     if target is None:
         raise UsageError("give a recipe or a run directory, or --layer attention")
+    reject_options(
+        {"--dim": dim, "--heads": heads, "--window": window},
+        "for --layer attention only; a recipe's model is set with overrides such as model.dim=128",
+    )
     from posenc_cli.config import load_recipe
 
     path = Path(target)
@@ -108,8 +125,12 @@ def profile_command(
     layer: Annotated[
         str | None, typer.Option("--layer", help="attention: one attention layer, no recipe.")
     ] = None,
-    dim: Annotated[int, typer.Option("--dim", help="--layer: model width.")] = 256,
-    heads: Annotated[int, typer.Option("--heads", help="--layer: attention heads.")] = 4,
+    dim: Annotated[
+        int | None, typer.Option("--dim", help="--layer: model width (default 256).")
+    ] = None,
+    heads: Annotated[
+        int | None, typer.Option("--heads", help="--layer: attention heads (default 4).")
+    ] = None,
     window: Annotated[
         int | None, typer.Option("--window", help="--layer: local k x k window attention.")
     ] = None,
@@ -128,6 +149,8 @@ def profile_command(
     Example: posenc profile --layer attention --compare all --lengths 256,512,1024,2048
     """
     from posenc_cli.checkpoint import atomic_write_json
+    from posenc_cli.interrupts import hard_interrupt
+    from posenc_cli.profiling.budget import check_sizes
     from posenc_cli.profiling.memory import MEMORY_METHOD
     from posenc_cli.profiling.report import (
         cost_table,
@@ -166,7 +189,7 @@ def profile_command(
     elif sizes is None:
         sizes = DEFAULT_LENGTHS if layer else list(workload.recipe.eval.lengths)
     encodings = resolve_encodings(compare, default, compatible, workload.check)
-    dev = pick_device(device)
+    dev = pick_device(device, "--device")
     sweep = Sweep(
         workload.subject,
         encodings,
@@ -179,17 +202,29 @@ def profile_command(
     )
     names = set(encodings) | {"none"}
     err = Console(stderr=True)
-    with Progress(
-        TextColumn("[bold]profile"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.description}"),
-        TimeElapsedColumn(),
-        console=err,
-    ) as progress:
-        bar = progress.add_task("", total=len(sizes) * (len(names) + 1))
-        results = sweep.run(lambda what: progress.update(bar, advance=1, description=what))
-        progress.update(bar, completed=len(sizes) * (len(names) + 1))
+    # measuring may sit for minutes in one C++ op; Ctrl-C must end it all the same
+    with hard_interrupt(INTERRUPTED):
+        check_sizes(
+            workload.subject,
+            encodings,
+            sizes,
+            unit="px" if image else "tokens",
+            option="--sizes" if image else "--lengths",
+            mode=sweep.mode,
+            batch=batch,
+            device=dev,
+        )
+        with Progress(
+            TextColumn("[bold]profile"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=err,
+        ) as progress:
+            bar = progress.add_task("", total=len(sizes) * (len(names) + 1))
+            results = sweep.run(lambda what: progress.update(bar, advance=1, description=what))
+            progress.update(bar, completed=len(sizes) * (len(names) + 1))
 
     meta = {
         "target": workload.label,

@@ -48,7 +48,7 @@ def _inplace_baddbmm(self, batch1, batch2, *args, out_shape=None, **kwargs) -> i
 CUSTOM_FORMULAS = {
     aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_forward,
     aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward,
-    # the in-place form (models/bucket_attention.py) has no formula of its own
+    # the in-place form (kernels/bucket_attention.py) has no formula of its own
     aten.baddbmm_: _inplace_baddbmm,
 }
 

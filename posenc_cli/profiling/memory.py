@@ -23,12 +23,19 @@ from torch.utils._pytree import tree_flatten
 
 
 class LiveTensorBytes(TorchDispatchMode):
-    """Bytes of the storages created inside the mode that are still alive, and their peak."""
+    """Bytes of the storages created inside the mode that are still alive, and their peak.
 
-    def __init__(self) -> None:
+    With ``record`` it also keeps ``trace``, the live bytes after every new storage: a peak
+    always follows an allocation, so the trace holds every candidate for it (``budget.py``
+    extrapolates each one to larger sizes).
+    """
+
+    def __init__(self, device_type: str = "cpu", record: bool = False) -> None:
         super().__init__()
+        self.device_type = device_type
         self.live = 0
         self.peak = 0
+        self.trace: list[int] | None = [] if record else None
         self._sizes: dict[int, int] = {}
 
     def _track(self, tensor: torch.Tensor) -> None:
@@ -40,6 +47,8 @@ class LiveTensorBytes(TorchDispatchMode):
         self._sizes[key] = size
         self.live += size
         self.peak = max(self.peak, self.live)
+        if self.trace is not None:
+            self.trace.append(self.live)
         weakref.finalize(storage, self._release, key)
 
     def _release(self, key: int) -> None:
@@ -48,7 +57,7 @@ class LiveTensorBytes(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for item in tree_flatten(out)[0]:
-            if isinstance(item, torch.Tensor) and item.device.type == "cpu":
+            if isinstance(item, torch.Tensor) and item.device.type == self.device_type:
                 self._track(item)
         return out
 
