@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from posenc_cli.kernels.biased_sdpa import biased_attention
 from posenc_cli.models.attention import Attention, attention_mask
-from posenc_cli.models.biased_sdpa import biased_attention
 
 
 def reference(q, k, v, bias, scale):
@@ -36,7 +36,7 @@ def test_biased_attention_matches_autograd_reference(bias_shape):
 
 def test_a_bias_broadcast_over_queries_survives_chunking(monkeypatch):
     """Chunks past the first query row must still see a (B, H, 1, Nk) bias."""
-    import posenc_cli.models.biased_sdpa as module
+    import posenc_cli.kernels.biased_sdpa as module
 
     monkeypatch.setattr(module, "CHUNK_ELEMENTS", 1)
     gen = torch.Generator().manual_seed(2)
@@ -53,7 +53,7 @@ def test_a_bias_broadcast_over_queries_survives_chunking(monkeypatch):
 
 def test_biased_attention_chunks_agree(monkeypatch):
     """The bias gradient is computed in query chunks; a tiny chunk size must not change it."""
-    import posenc_cli.models.biased_sdpa as module
+    import posenc_cli.kernels.biased_sdpa as module
 
     gen = torch.Generator().manual_seed(1)
     q, k, v = (

@@ -1,4 +1,4 @@
-"""Shaw's clipped relative attention on the flash kernel (models/clipped_attention.py) against
+"""Shaw's clipped relative attention on the flash kernel (kernels/clipped_attention.py) against
 dense autograd in float64: output and every gradient, with far regions on both sides, memory,
 causal masks and either table alone; and the attention module taking it only where it applies."""
 
@@ -9,10 +9,10 @@ import itertools
 import pytest
 import torch
 
-import posenc_cli.models.clipped_attention as clipped
-from posenc_cli.encodings.base import gather_buckets, sum_per_bucket
+import posenc_cli.kernels.clipped_attention as clipped
 from posenc_cli.encodings.shaw import ShawRelative, shaw_buckets
 from posenc_cli.encodings.t5 import T5Bias, relative_position_bucket
+from posenc_cli.kernels.buckets import gather_buckets, sum_per_bucket
 from posenc_cli.models.attention import Attention
 
 

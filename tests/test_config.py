@@ -39,6 +39,7 @@ SHIPPED = [
     "text/base",
     "text/code-lm",
     "text/extrapolation",
+    "text/lm-extrapolation",
     "text/shaw-clip",
     "text/t5-buckets",
     "text/word-order",

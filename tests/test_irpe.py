@@ -135,7 +135,7 @@ def test_attention_equals_the_dense_equations(method, mode, on, shared_head, hei
 @pytest.mark.parametrize("method,on", list(itertools.product(METHODS, ONS)))
 @pytest.mark.parametrize("shared_head", [True, False])
 def test_gradients_equal_the_dense_equations(method, on, shared_head):
-    """Contextual terms take the hand-written backward (models/bucket_attention.py): every
+    """Contextual terms take the hand-written backward (kernels/bucket_attention.py): every
     gradient, input and tables, against autograd through the dense equations."""
     enc = build(method=method, mode="contextual", on=on, shared_head=shared_head)
     att = attention(enc)

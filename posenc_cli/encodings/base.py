@@ -14,8 +14,8 @@ An encoding overrides only the hooks it needs; the defaults do nothing:
 - ``attend(q, k, v, q_pos, k_pos, scale, causal)``: the whole attention output from the
   encoding's own kernel, or None (the default) to let the attention module combine the hooks
   above. Asked only where no key mask, dropout or window applies (Shaw's and T5's clipped terms
-  on the flash kernel, ``models/clipped_attention.py``; iRPE's contextual terms,
-  ``models/bucket_attention.py``).
+  on the flash kernel, ``kernels/clipped_attention.py``; iRPE's contextual terms,
+  ``kernels/bucket_attention.py``).
 - ``window_bias`` / ``window_value``: the same two terms for local k x k window attention on an
   image grid, where every patch query sees the same ``K = k*k`` slots, each at a fixed 2D offset.
   Only 2D encodings with a bias or value term implement them; the defaults say "no term".
@@ -46,7 +46,6 @@ class PositionEncoding(nn.Module):
     dims: ClassVar[int] = 1  # 1 for sequences, 2 for image grids
     extrapolates: ClassVar[bool] = True  # runs past the length it was trained at
     per_layer: ClassVar[bool] = False  # own parameters in every layer, else one shared instance
-    has_value_term: ClassVar[bool] = False  # class default; instances may switch it off
 
     def __init__(self, *, heads: int = 8, head_dim: int = 64, causal: bool = False) -> None:
         super().__init__()
@@ -57,7 +56,7 @@ class PositionEncoding(nn.Module):
     @property
     def uses_value(self) -> bool:
         """Whether ``value`` returns a term; False lets attention use the fused SDPA kernel."""
-        return self.has_value_term
+        return False
 
     def logit_scale(self) -> float:
         """Factor on q.k; 1/sqrt(d) unless the paper says otherwise (DeBERTa: 1/sqrt(3d))."""
@@ -166,17 +165,6 @@ def relative_positions(q_pos: Tensor, k_pos: Tensor) -> Tensor:
     return k_pos[None, :] - q_pos[:, None]
 
 
-def sum_per_bucket(attn: Tensor, bucket: Tensor, num_buckets: int) -> Tensor:
-    """Attention weight summed over the keys of each bucket: ``(B, H, Nq, Nk) -> (B, H, Nq, nb)``.
-
-    With it a value-side term ``sum_j a_ij r[b(i,j)]`` becomes ``sum_per_bucket(a) @ r``: no
-    ``(Nq, Nk, d)`` tensor is ever built.
-    """
-    index = bucket.expand_as(attn)
-    out = attn.new_zeros(*attn.shape[:-1], num_buckets)
-    return out.scatter_add_(-1, index, attn)
-
-
 def table_bias(table: Tensor, bucket: Tensor) -> Tensor:
     """A content-free bias from a per-head table: ``(H, nb)`` by ``(Nq, Nk)`` ids ->
     ``(1, H, Nq, Nk)``.
@@ -186,13 +174,3 @@ def table_bias(table: Tensor, bucket: Tensor) -> Tensor:
     """
     picked = table.contiguous().index_select(1, bucket.reshape(-1))  # (H, Nq * Nk)
     return picked.view(1, table.shape[0], *bucket.shape)
-
-
-def gather_buckets(scores: Tensor, bucket: Tensor) -> Tensor:
-    """Pick each pair's bucket score: ``(B, H, Nq, nb)`` by ``(Nq, Nk)`` ids -> ``(B, H, Nq, Nk)``.
-
-    Used for content-dependent terms ``q_i . r[b(i,j)]``: ``q @ r.T`` is computed once per bucket,
-    then gathered, instead of building ``(Nq, Nk, d)`` embeddings.
-    """
-    index = bucket.expand(*scores.shape[:-1], bucket.shape[-1])
-    return scores.gather(-1, index)

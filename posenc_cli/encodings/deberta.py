@@ -55,8 +55,9 @@ import math
 import torch
 from torch import Tensor, nn
 
-from posenc_cli.encodings.base import PositionEncoding, gather_buckets
+from posenc_cli.encodings.base import PositionEncoding
 from posenc_cli.errors import UsageError
+from posenc_cli.kernels.buckets import gather_buckets
 
 
 def log_bucket_positions(

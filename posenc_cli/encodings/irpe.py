@@ -57,7 +57,7 @@ both) by one id per pair (``cross_ids``), the same gather as product. Bucket ids
 an offset table (``bucket_table``) cached per grid span and device, and the pair ids of the last
 positions seen are cached per shape (checked by value, so a stale entry is never used). The
 cached ids are plain tensors, not buffers: they live on the positions' device. In contextual mode
-``attend`` runs the whole attention with a hand-written backward (``models/bucket_attention.py``:
+``attend`` runs the whole attention with a hand-written backward (``kernels/bucket_attention.py``:
 one logits buffer, softmax in place); at DeiT-Ti shape that took q+k from 1.41x to 1.30x of no
 iRPE in an interleaved A/B run.
 """
@@ -69,12 +69,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from posenc_cli.encodings.base import (
-    PositionEncoding,
-    gather_buckets,
-    sum_per_bucket,
-    table_bias,
-)
+from posenc_cli.encodings.base import PositionEncoding, table_bias
 from posenc_cli.encodings.irpe_index import (
     DEFAULT_RATIO,
     METHODS,
@@ -87,7 +82,9 @@ from posenc_cli.encodings.irpe_index import (
     piecewise_index,
 )
 from posenc_cli.errors import UsageError
-from posenc_cli.models import bucket_attention
+from posenc_cli.kernels import bucket_attention
+from posenc_cli.kernels.biased_sdpa import EXPLICIT_MAX_PAIRS
+from posenc_cli.kernels.buckets import gather_buckets, sum_per_bucket
 
 Mode = Literal["bias", "contextual"]
 On = Literal["k", "q", "v", "qk", "kv", "qv", "qkv"]
@@ -175,7 +172,6 @@ class ImageRPE(PositionEncoding):
     family = "relative"
     dims = 2
     per_layer = True
-    has_value_term = True  # switched per instance by ``on``
 
     def __init__(
         self,
@@ -348,9 +344,9 @@ class ImageRPE(PositionEncoding):
 
     def attend(self, q, k, v, q_pos, k_pos, scale, causal) -> Tensor | None:
         """Contextual terms on the explicit path with a hand-written backward
-        (``models/bucket_attention.py``), up to the size where the explicit path pays; bias
+        (``kernels/bucket_attention.py``), up to the size where the explicit path pays; bias
         mode, and larger inputs without a value term, take the attention module's paths."""
-        small = q.shape[-2] * k.shape[-2] <= bucket_attention.EXPLICIT_MAX_PAIRS
+        small = q.shape[-2] * k.shape[-2] <= EXPLICIT_MAX_PAIRS
         if self.mode != "contextual" or causal or not (small or self.uses_value):
             return None
         ids = self.pair_bucket_ids(q_pos, k_pos) if "k" in self.on or "v" in self.on else []

@@ -21,7 +21,7 @@ Conventions:
   initialiser; BERT's std 0.02 would make both terms nearly invisible at first).
 
 Efficiency: on the CPU, over consecutive positions and above ``MIN_PAIRS`` (query, key) pairs,
-``attend`` hands the whole attention to ``models/clipped_attention.py``: past distance k every
+``attend`` hands the whole attention to ``kernels/clipped_attention.py``: past distance k every
 pair of a query falls in one of the two end buckets, so those keys go through the flash kernel
 and only a band of about 2k + 128 keys per block of 128 queries is computed explicitly.
 Elsewhere the generic hooks apply: the key term is ``q @ w^K.T`` once per bucket,
@@ -35,14 +35,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from posenc_cli.encodings.base import (
-    PositionEncoding,
-    gather_buckets,
-    relative_positions,
-    sum_per_bucket,
-)
+from posenc_cli.encodings.base import PositionEncoding, relative_positions
 from posenc_cli.errors import UsageError
-from posenc_cli.models import clipped_attention
+from posenc_cli.kernels import clipped_attention
+from posenc_cli.kernels.buckets import gather_buckets, sum_per_bucket
 
 
 def shaw_buckets(q_pos: Tensor, k_pos: Tensor, max_distance: int) -> Tensor:
@@ -56,7 +52,6 @@ class ShawRelative(PositionEncoding):
 
     family = "relative"
     per_layer = True
-    has_value_term = True
 
     def __init__(
         self,
@@ -80,7 +75,6 @@ class ShawRelative(PositionEncoding):
             )
         self.max_distance = max_distance
         self.use_key = key
-        self.use_value = value
         self.num_buckets = 2 * max_distance + 1
         # Only the tables that are used exist, so every parameter receives a gradient.
         self.key_table = nn.Parameter(torch.empty(self.num_buckets, head_dim)) if key else None
@@ -94,7 +88,7 @@ class ShawRelative(PositionEncoding):
 
     @property
     def uses_value(self) -> bool:
-        return self.use_value
+        return self.value_table is not None
 
     def buckets(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, int]:
         return shaw_buckets(q_pos, k_pos, self.max_distance), self.num_buckets
@@ -123,4 +117,4 @@ class ShawRelative(PositionEncoding):
         )  # fmt: skip
 
     def extra_repr(self) -> str:
-        return f"max_distance={self.max_distance}, key={self.use_key}, value={self.use_value}"
+        return f"max_distance={self.max_distance}, key={self.use_key}, value={self.uses_value}"

@@ -29,8 +29,8 @@ Conventions (DESIGN.md section 3):
   relative positions and indexes the table (no logarithm per query-key pair). Buckets stop
   changing even earlier (from distance 91 with the defaults): ``attend`` sends the keys past that
   distance through the flash kernel on inputs of at least ``SATURATED_MIN_KEYS`` times it
-  (``models/clipped_attention.py``); shorter ones take the fused path with
-  ``models/biased_sdpa.py``.
+  (``kernels/clipped_attention.py``); shorter ones take the fused path with
+  ``kernels/biased_sdpa.py``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from torch import Tensor, nn
 
 from posenc_cli.encodings.base import PositionEncoding, relative_positions, table_bias
 from posenc_cli.errors import UsageError
-from posenc_cli.models import clipped_attention
+from posenc_cli.kernels import clipped_attention
 
 
 def bucket_layout(num_buckets: int, max_distance: int, bidirectional: bool) -> tuple[int, int]:
@@ -138,7 +138,7 @@ class T5Bias(PositionEncoding):
 
     def attend(self, q, k, v, q_pos, k_pos, scale, causal) -> Tensor | None:
         """Past a distance K the bucket stops changing, so on long inputs the far keys go through
-        the flash kernel (``models/clipped_attention.py``) and only a band of ``2K + 128`` keys
+        the flash kernel (``kernels/clipped_attention.py``) and only a band of ``2K + 128`` keys
         per 128 queries is computed explicitly."""
         keys = clipped_attention.SATURATED_MIN_KEYS
         if not torch.is_grad_enabled():  # no table gradient: the fused mask path holds longer

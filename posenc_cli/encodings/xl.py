@@ -40,8 +40,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from posenc_cli.encodings.base import PositionEncoding, gather_buckets
+from posenc_cli.encodings.base import PositionEncoding
 from posenc_cli.errors import UsageError
+from posenc_cli.kernels.buckets import gather_buckets
 
 
 def relative_sinusoid(distances: Tensor, dim: int, base: float = 10000.0) -> Tensor:

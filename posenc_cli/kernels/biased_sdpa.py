@@ -24,6 +24,13 @@ from torch import Tensor
 CHUNK_ELEMENTS = 1 << 22  # about 16 MB of float32 per (B, H, chunk, Nk) intermediate
 
 
+# Below this many (query, key) pairs a learned bias is cheaper on the explicit softmax path than
+# on the flash kernel plus a separate bias-gradient pass (benchmarks/irpe_overhead.py --explicit:
+# at DeiT-Ti shape, N = 197, 1.31x -> 0.99x of no bias; T5 at B=4, H=8, N=384: 1.45x -> 1.32x);
+# from N = 512 on the flash path wins (T5: 1.49x against 1.78x).
+EXPLICIT_MAX_PAIRS = 384 * 384
+
+
 def reduce_to(grad: Tensor, shape: torch.Size) -> Tensor:
     """Sum a broadcast gradient back to the shape of the tensor that was broadcast."""
     dims = [i for i, (g, s) in enumerate(zip(grad.shape, shape, strict=True)) if s == 1 and g != 1]

@@ -23,13 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posenc_cli.encodings.base import sum_per_bucket
-
-# Below this many (query, key) pairs a learned bias is cheaper on the explicit softmax path than
-# on the flash kernel plus a separate bias-gradient pass (benchmarks/irpe_overhead.py --explicit:
-# at DeiT-Ti shape, N = 197, 1.31x -> 0.99x of no bias; T5 at B=4, H=8, N=384: 1.45x -> 1.32x);
-# from N = 512 on the flash path wins (T5: 1.49x against 1.78x).
-EXPLICIT_MAX_PAIRS = 384 * 384
+from posenc_cli.kernels.buckets import sum_per_bucket
 
 
 def _column_index(ids_t: Tensor, buckets: int) -> Tensor:

@@ -42,8 +42,8 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from posenc_cli.encodings.base import gather_buckets, sum_per_bucket
-from posenc_cli.models.biased_sdpa import reduce_to
+from posenc_cli.kernels.biased_sdpa import reduce_to
+from posenc_cli.kernels.buckets import gather_buckets, sum_per_bucket
 
 BLOCK = 128  # query rows per block: the near region is BLOCK x (BLOCK + 2K)
 # Up to this many (query, key) pairs Shaw's explicit softmax path is faster: with B=4, H=8,

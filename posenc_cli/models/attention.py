@@ -24,8 +24,7 @@ from torch import Tensor, nn
 from posenc_cli.encodings.absolute import NoPosition
 from posenc_cli.encodings.base import PositionEncoding
 from posenc_cli.errors import UsageError
-from posenc_cli.models.biased_sdpa import biased_attention
-from posenc_cli.models.bucket_attention import EXPLICIT_MAX_PAIRS
+from posenc_cli.kernels.biased_sdpa import EXPLICIT_MAX_PAIRS, biased_attention
 from posenc_cli.models.window import window_attention
 
 
