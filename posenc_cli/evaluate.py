@@ -14,13 +14,14 @@ from typing import Any
 
 import torch
 
-from posenc_cli.checkpoint import atomic_write_json, load_run_weights
 from posenc_cli.config import Recipe, load_recipe
 from posenc_cli.data import build_task
 from posenc_cli.errors import UsageError
 from posenc_cli.metrics import Tally
 from posenc_cli.models.text import build_text_model
-from posenc_cli.train import autocast, evaluate_length, pick_device
+from posenc_cli.runs.checkpoint import atomic_write_json, load_run_weights
+from posenc_cli.runs.device import autocast, pick_device
+from posenc_cli.train import evaluate_length
 
 
 def run_directory(path: Path) -> Path:

@@ -6,10 +6,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from posenc_cli.checkpoint import load_run_weights
 from posenc_cli.config import load_recipe
 from posenc_cli.evaluate import recipe_file, save_evaluation
-from posenc_cli.train import pick_device
+from posenc_cli.runs.checkpoint import load_run_weights
+from posenc_cli.runs.device import pick_device
 from posenc_cli.train_detection import (
     build_detection_model,
     evaluate_detection,

@@ -15,11 +15,11 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from posenc_cli.checkpoint import load_run_weights
 from posenc_cli.config import Recipe, load_recipe
 from posenc_cli.errors import UsageError
 from posenc_cli.evaluate import recipe_file, save_evaluation
-from posenc_cli.train import pick_device
+from posenc_cli.runs.checkpoint import load_run_weights
+from posenc_cli.runs.device import pick_device
 from posenc_cli.train_image import build_image_model, evaluate_images
 
 

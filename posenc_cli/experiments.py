@@ -18,14 +18,14 @@ import torch
 from rich.console import Console
 from rich.markup import escape
 
-from posenc_cli import distributed
-from posenc_cli.checkpoint import atomic_write_json
 from posenc_cli.config import Recipe, expand_sweep, load_recipe, recipe_to_dict
-from posenc_cli.distributed import World, is_main_process
 from posenc_cli.errors import UsageError
-from posenc_cli.run_lock import hold
-from posenc_cli.terminate import Terminated, sigterm_as_interrupt
-from posenc_cli.train import pick_device
+from posenc_cli.runs import distributed
+from posenc_cli.runs.checkpoint import atomic_write_json
+from posenc_cli.runs.device import pick_device
+from posenc_cli.runs.distributed import World, is_main_process
+from posenc_cli.runs.lock import hold
+from posenc_cli.runs.terminate import Terminated, sigterm_as_interrupt
 
 
 def default_out(recipe: Recipe) -> Path:
@@ -187,7 +187,7 @@ def _worker(run: Recipe, run_dir: Path, resume: bool, threads: int) -> str:
 
 def run_in_workers(todo: list[tuple[str, Recipe, Path]], jobs: int, resume: bool, console) -> None:
     """Runs in ``jobs`` spawned processes; the first failure stops the sweep and is raised."""
-    from posenc_cli.train import progress_bar
+    from posenc_cli.runs.progress import progress_bar
 
     prepare_shared_data([run for _, run, _ in todo])
     threads = max(1, torch.get_num_threads() // jobs)

@@ -14,7 +14,7 @@ from matplotlib.patches import Rectangle  # noqa: E402
 
 from posenc_cli.bias_maps import BiasMap  # noqa: E402
 from posenc_cli.bucket_maps import BucketMap  # noqa: E402
-from posenc_cli.checkpoint import atomic_write_bytes  # noqa: E402
+from posenc_cli.runs.checkpoint import atomic_write_bytes  # noqa: E402
 
 
 def save_bias_maps(maps: list[BiasMap], title: str, out: Path, max_heads: int = 8) -> Path:

@@ -8,48 +8,33 @@ gets one line per log; ``summary.json`` is written at the end.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-from posenc_cli import distributed
-from posenc_cli.checkpoint import (
-    atomic_write_json,
-    atomic_write_text,
-    load_checkpoint,
-    save_checkpoint,
-)
-from posenc_cli.config import Recipe, dump_recipe
+from posenc_cli.config import Recipe
 from posenc_cli.data import build_task
-from posenc_cli.errors import UsageError
 from posenc_cli.metrics import Tally
 from posenc_cli.models.text import build_text_model
+from posenc_cli.runs import distributed
+from posenc_cli.runs.checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
+from posenc_cli.runs.device import autocast, pick_device
+from posenc_cli.runs.directory import (
+    TrainingStopped,
+    append_metrics,
+    last_metrics,
+    prepare_directory,
+    truncate_metrics,
+    write_recipe,
+)
+from posenc_cli.runs.progress import progress_bar
 
 EVAL_SEED = 20_000_000  # evaluation batches are the same for every run and every encoding
-
-
-class TrainingStopped(RuntimeError):
-    """The run cannot go on (a NaN loss); the message says why and what was kept."""
-
-
-def pick_device(choice: str, option: str = "train.device") -> torch.device:
-    """``option`` is what the user set (a recipe key or a flag), named if cuda is missing."""
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"{option}: cuda was asked for but no GPU is visible; use auto or cpu")
-    if choice == "cpu" or not torch.cuda.is_available():
-        return torch.device("cpu")
-    if "LOCAL_RANK" in os.environ:  # under torchrun: one GPU per process
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    return torch.device("cuda", torch.cuda.current_device())
 
 
 def lr_factor(step: int, warmup: int, total: int) -> float:
@@ -79,12 +64,6 @@ class Segments:
         index = begin[:, None] + torch.arange(self.length + 1)  # (B, T + 1)
         window = self.stream[index]
         return window[:, :-1], window[:, 1:]
-
-
-def autocast(device: torch.device):
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return nullcontext()
 
 
 @torch.no_grad()
@@ -263,55 +242,9 @@ def train(
     return summary
 
 
-def prepare_directory(out: Path, resume: bool) -> None:
-    if out.exists() and (out / "last.pt").exists() and not resume:
-        raise UsageError(
-            f"{out} already holds a run; add --resume to continue it or choose another --out"
-        )
-    out.mkdir(parents=True, exist_ok=True)
-
-
-def write_recipe(out: Path, recipe: Recipe) -> None:
-    atomic_write_text(out / "recipe.yaml", dump_recipe(recipe))
-
-
 def stats_line(row: dict[str, Any]) -> str:
     parts = [f"loss {row['train_loss']:.3f}", f"acc {row['train_token_accuracy']:.3f}"]
     if "val_loss" in row:
         parts.append(f"val {row['val_loss']:.3f}/{row['val_token_accuracy']:.3f}")
     parts.append(f"{row['tokens_per_s']:.0f} tok/s")
     return "  ".join(parts)
-
-
-def append_metrics(path: Path, row: dict[str, Any]) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(row) + "\n")
-
-
-def truncate_metrics(path: Path, step: int) -> None:
-    """Drop log lines written after the checkpoint a resumed run starts from."""
-    if not path.is_file():
-        return
-    rows = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = [line for line in rows if json.loads(line)["step"] <= step]
-    atomic_write_text(path, "".join(line + "\n" for line in kept))
-
-
-def last_metrics(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    return json.loads(lines[-1]) if lines else {}
-
-
-def progress_bar(console: Console, enabled: bool = True) -> Progress:
-    """The training loops' bar: run name, bar, steps, the latest figures, time left."""
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[stats]}"),
-        TimeRemainingColumn(),
-        console=console,
-        disable=not enabled,
-    )

@@ -19,18 +19,14 @@ import torch
 from rich.console import Console
 from torch.utils.data import DataLoader
 
-from posenc_cli import distributed
-from posenc_cli.checkpoint import atomic_write_json, save_checkpoint
 from posenc_cli.config import Recipe
 from posenc_cli.config_detection import model_options
-from posenc_cli.epochs import epoch_loader, log_epoch, optimize, resume_from
-from posenc_cli.train import (
-    last_metrics,
-    pick_device,
-    prepare_directory,
-    progress_bar,
-    write_recipe,
-)
+from posenc_cli.runs import distributed
+from posenc_cli.runs.checkpoint import atomic_write_json, save_checkpoint
+from posenc_cli.runs.device import pick_device
+from posenc_cli.runs.directory import last_metrics, prepare_directory, write_recipe
+from posenc_cli.runs.epochs import epoch_loader, log_epoch, optimize, resume_from
+from posenc_cli.runs.progress import progress_bar
 
 AP_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 

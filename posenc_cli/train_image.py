@@ -24,20 +24,15 @@ import torch.nn.functional as F
 from rich.console import Console
 from torch.utils.data import DataLoader
 
-from posenc_cli import distributed
-from posenc_cli.checkpoint import atomic_write_json, save_checkpoint
 from posenc_cli.config import Recipe
 from posenc_cli.config_image import model_overrides
-from posenc_cli.epochs import epoch_loader, log_epoch, optimize, resume_from
 from posenc_cli.errors import UsageError
-from posenc_cli.train import (
-    autocast,
-    last_metrics,
-    pick_device,
-    prepare_directory,
-    progress_bar,
-    write_recipe,
-)
+from posenc_cli.runs import distributed
+from posenc_cli.runs.checkpoint import atomic_write_json, save_checkpoint
+from posenc_cli.runs.device import autocast, pick_device
+from posenc_cli.runs.directory import last_metrics, prepare_directory, write_recipe
+from posenc_cli.runs.epochs import epoch_loader, log_epoch, optimize, resume_from
+from posenc_cli.runs.progress import progress_bar
 
 
 def build_image_model(recipe: Recipe, num_classes: int, channels: int, image_size: int):

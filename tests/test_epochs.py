@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from posenc_cli.epochs import log_epoch, optimize
-from posenc_cli.train import TrainingStopped
+from posenc_cli.runs.directory import TrainingStopped
+from posenc_cli.runs.epochs import log_epoch, optimize
 
 
 def model_and_optimizer():

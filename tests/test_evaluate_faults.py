@@ -14,10 +14,10 @@ import pytest
 import torch
 from torch import nn
 
-from posenc_cli.checkpoint import CorruptCheckpoint, load_checkpoint, load_run_weights
 from posenc_cli.config import load_recipe
 from posenc_cli.errors import UsageError
 from posenc_cli.evaluate import evaluate_run, save_evaluation
+from posenc_cli.runs.checkpoint import CorruptCheckpoint, load_checkpoint, load_run_weights
 from posenc_cli.train import train
 from tests.helpers import run
 

@@ -21,7 +21,7 @@ from posenc_cli.profiling.budget import PROBE_TOKENS, check_sizes, probe, size_f
 from posenc_cli.profiling.memory import peak_bytes
 from posenc_cli.profiling.sweep import make_step
 from posenc_cli.profiling.workloads import LayerWorkload
-from posenc_cli.train import pick_device
+from posenc_cli.runs.device import pick_device
 from tests.helpers import run
 
 CPU = torch.device("cpu")

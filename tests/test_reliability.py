@@ -169,7 +169,7 @@ def test_resume_of_a_finished_run_says_what_it_ignored(rope_run, capsys):
 def held_elsewhere(folder: Path) -> Iterator[int]:
     """``folder`` locked by another process while the block runs; yields that process's pid."""
     script = (
-        "import sys; from pathlib import Path; from posenc_cli.run_lock import hold\n"
+        "import sys; from pathlib import Path; from posenc_cli.runs.lock import hold\n"
         f"with hold(Path({str(folder)!r})):\n    print('held', flush=True); sys.stdin.read()"
     )
     holder = subprocess.Popen(

@@ -12,7 +12,8 @@ import torch
 
 from posenc_cli.config import load_recipe
 from posenc_cli.metrics import Tally
-from posenc_cli.train import TrainingStopped, train
+from posenc_cli.runs.directory import TrainingStopped
+from posenc_cli.train import train
 from tests.helpers import ddp_train, run, torchrun_available
 
 TINY = [

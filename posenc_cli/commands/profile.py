@@ -148,7 +148,6 @@ def profile_command(
 
     Example: posenc profile --layer attention --compare all --lengths 256,512,1024,2048
     """
-    from posenc_cli.checkpoint import atomic_write_json
     from posenc_cli.interrupts import hard_interrupt
     from posenc_cli.profiling.budget import check_sizes
     from posenc_cli.profiling.memory import MEMORY_METHOD
@@ -163,7 +162,8 @@ def profile_command(
         write_plots,
     )
     from posenc_cli.profiling.sweep import Sweep
-    from posenc_cli.train import pick_device
+    from posenc_cli.runs.checkpoint import atomic_write_json
+    from posenc_cli.runs.device import pick_device
 
     if mode not in ("forward", "train"):
         raise UsageError(f"--mode {mode!r}: choose forward or train")

@@ -41,10 +41,10 @@ def train_command(
     Example: posenc train quickstart train.steps=300 --out runs/quick
     """
     from posenc_cli.config import dump_recipe, expand_sweep, load_recipe
-    from posenc_cli.distributed import PeerLost, is_main_process
     from posenc_cli.experiments import check_jobs, default_out, run_recipe
-    from posenc_cli.terminate import Terminated, sigterm_as_interrupt
-    from posenc_cli.train import TrainingStopped
+    from posenc_cli.runs.directory import TrainingStopped
+    from posenc_cli.runs.distributed import PeerLost, is_main_process
+    from posenc_cli.runs.terminate import Terminated, sigterm_as_interrupt
 
     check_jobs(jobs)
     resolved = load_recipe(recipe, list(overrides or []))
@@ -109,7 +109,7 @@ def evaluate_command(
     """
     from posenc_cli.commands.common import check_writable, reject_options
     from posenc_cli.evaluate import run_directory, run_kind
-    from posenc_cli.run_lock import hold
+    from posenc_cli.runs.lock import hold
 
     check_png(out)
     run_dir = run_directory(run_dir)

@@ -39,8 +39,8 @@ from typing import Any, Literal
 import numpy as np
 from PIL import Image, ImageDraw
 
-from posenc_cli.checkpoint import atomic_write_json, atomic_write_text
 from posenc_cli.errors import UsageError
+from posenc_cli.runs.checkpoint import atomic_write_json, atomic_write_text
 
 CATEGORIES = ("circle", "square", "triangle")  # category id = index + 1
 MARKER = ".posenc-shapes"

@@ -239,7 +239,7 @@ def sample_grid(
     matplotlib.use("Agg")  # files only
     import matplotlib.pyplot as plt
 
-    from posenc_cli.checkpoint import atomic_write_bytes
+    from posenc_cli.runs.checkpoint import atomic_write_bytes
 
     names = class_names if class_names is not None else getattr(dataset, "classes", None)
     cols = math.ceil(math.sqrt(n))
