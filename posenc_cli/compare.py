@@ -18,15 +18,18 @@ from typing import Any
 from posenc_cli.errors import UsageError
 from posenc_cli.params import close_match
 from posenc_cli.statistics import MOST_SEEDS, ci95, welch
+from posenc_cli.tasks import DEFAULT_KIND, TASKS, task_of
 
-METRICS = ("token_accuracy", "exact_match", "loss", "perplexity")
-IMAGE_METRICS = ("top1", "top5", "loss")  # columns: image side in px, "+K" for a K px shift
-DETECTION_METRICS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "loss")  # COCO, in %
 LOWER_IS_BETTER = {"loss", "perplexity"}
 
 
 def metrics_of(kind: str) -> tuple[str, ...]:
-    return {"image": IMAGE_METRICS, "detection": DETECTION_METRICS}.get(kind, METRICS)
+    return task_of(kind).metrics
+
+
+def all_metrics() -> list[str]:
+    """Every task's metrics, each once."""
+    return list(dict.fromkeys(m for task in TASKS.values() for m in task.metrics))
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
@@ -61,7 +64,7 @@ def well_formed(result: Any) -> bool:
     ``error`` text)."""
     if not isinstance(result, dict) or not isinstance(result.get("lengths"), dict):
         return False
-    known = {*METRICS, *IMAGE_METRICS, *DETECTION_METRICS}
+    known = set(all_metrics())
     cells_ok = all(
         isinstance(c, dict)
         and all(is_number(v) for k, v in c.items() if k in known)
@@ -74,7 +77,7 @@ def well_formed(result: Any) -> bool:
         and isinstance(result.get("encoding"), str)
         and isinstance(result.get("seed"), int)
         and isinstance(result.get("encoding_params", {}), dict)
-        and result.get("kind", "text") in ("text", "image", "detection")
+        and result.get("kind", DEFAULT_KIND) in TASKS
         and (train is None or (isinstance(train, list) and all(is_number(n) for n in train)))
     )
 
@@ -130,12 +133,12 @@ def compare(paths: list[Path], baseline: str | None = None) -> dict[str, Any]:
         by_group[group_label(result, run)].append(result)
     groups: dict[str, dict] = {}
     lengths: set[str] = set()
-    kinds = {r.get("kind", "text") for results in by_group.values() for r in results}
+    kinds = {r.get("kind", DEFAULT_KIND) for results in by_group.values() for r in results}
     if len(kinds) > 1:
         raise UsageError(
             f"these runs mix kinds ({', '.join(sorted(kinds))}); compare one kind at a time"
         )
-    kind = kinds.pop() if kinds else "text"
+    kind = kinds.pop() if kinds else DEFAULT_KIND
     metrics = metrics_of(kind)
     for label, results in sorted(by_group.items(), key=lambda item: natural_key(item[0])):
         table: dict[str, dict] = {}
@@ -198,12 +201,7 @@ def test_against(result: dict[str, Any], baseline: str) -> None:
 
 
 def column_title(result: dict[str, Any], key: str) -> str:
-    if result.get("kind") == "detection":
-        return key
-    if result.get("kind") != "image":
-        return f"n={key}"
-    size, _, shift = key.partition("+")
-    return f"{size}px" + (f" +{shift}" if shift else "")
+    return task_of(result.get("kind", DEFAULT_KIND)).column(key)
 
 
 def cell(stats: dict, metric: str) -> str:

@@ -39,79 +39,30 @@ import typing
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import yaml
 
-from posenc_cli import config_detection, config_image
-from posenc_cli.data import TASKS
-from posenc_cli.encodings import ENCODINGS, build_encoding, check_params, user_params
+from posenc_cli.config_text import DataConfig, EvalConfig, ModelConfig, TrainConfig
+from posenc_cli.encodings import ENCODINGS, check_params, user_params
 from posenc_cli.errors import UsageError
 from posenc_cli.params import (
-    check_limits,
     check_maxima,
     close_match,
     convert,
     parse_assignments,
 )
+from posenc_cli.tasks import DEFAULT_KIND, TASKS, task_of
 
 if typing.TYPE_CHECKING:  # importlib.resources.abc is 3.11+; only the annotations need it
     from importlib.resources.abc import Traversable
-
-
-Kind = Literal["text", "image", "detection"]
-
-
-def _causal(task: str) -> bool:
-    """LM tasks are causal decoders; classifiers (``kind == "classify"``) are bidirectional."""
-    return TASKS[task].kind == "lm"
-
-
-@dataclass
-class ModelConfig:
-    dim: int = 64  # model width
-    depth: int = 2  # blocks
-    heads: int = 4
-    mlp_ratio: float = 4.0
-    dropout: float = 0.0
-    mem_len: int = 0  # Transformer-XL segment memory length (LM only); 0 = none
 
 
 @dataclass
 class EncodingConfig:
     name: str = "rope"  # registry name; 1D encodings only
     params: dict[str, Any] = field(default_factory=dict)  # only the ones set; defaults elsewhere
-
-
-@dataclass
-class DataConfig:
-    task: str = "copy"  # a name of posenc_cli.data.TASKS
-    vocab: int = 16  # symbols for algorithmic tasks (ignored by text)
-    train_lengths: list[int] = field(default_factory=lambda: [5, 20])  # inclusive [min, max]
-    corpus: str | None = None  # text: a file or folder; None = the built-in stdlib corpus
-    val_fraction: float = 0.1  # text: held-out fraction (the tail of the corpus)
-
-
-@dataclass
-class TrainConfig:
-    steps: int = 1000
-    batch_size: int = 32
-    lr: float = 3e-4
-    weight_decay: float = 0.01
-    warmup: int = 100  # linear warm-up steps, then cosine to 0
-    grad_clip: float = 1.0  # 0 = no clipping
-    eval_every: int = 200
-    eval_batches: int = 8
-    checkpoint_every: int = 200
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-
-
-@dataclass
-class EvalConfig:
-    lengths: list[int] = field(default_factory=lambda: [10, 20, 40])  # sizes / text contexts
-    batches: int = 8
-    shift: int = 0  # add K to every position (translation test)
 
 
 @dataclass
@@ -124,25 +75,13 @@ class Recipe:
     data: Any = field(default_factory=DataConfig)
     train: Any = field(default_factory=TrainConfig)
     eval: Any = field(default_factory=EvalConfig)
-    kind: Kind = "text"
+    kind: str = DEFAULT_KIND  # a name of posenc_cli.tasks.TASKS
     sweep: dict[str, list] | None = None  # dotted key -> values; runs = cartesian product
     # provenance, not content: two recipes with the same settings are equal
     source: str = field(default="", compare=False)  # the recipe as named by the user
     notes: list[str] = field(default_factory=list, compare=False)  # dropped encoding params
 
 
-SECTIONS: dict[str, type] = {
-    "model": ModelConfig,
-    "data": DataConfig,
-    "train": TrainConfig,
-    "eval": EvalConfig,
-}
-# A recipe's ``kind`` picks the classes its sections are read into.
-KINDS: dict[str, dict[str, type]] = {
-    "text": SECTIONS,
-    "image": config_image.SECTIONS,
-    "detection": config_detection.SECTIONS,
-}
 TOP_KEYS = ("extends", "kind", "seed", "model", "encoding", "data", "train", "eval", "sweep")
 
 Tree = dict[str, Any]  # a recipe before conversion: {"seed": .., "model": {..}, ..., "sweep": ..}
@@ -182,14 +121,14 @@ def shipped_recipes() -> dict[str, Traversable]:
 class _Where:
     """Builds the one-line errors: the recipe's name, the key, and where the key was set."""
 
-    def __init__(self, label: str, kind: str = "text") -> None:
+    def __init__(self, label: str, kind: str = DEFAULT_KIND) -> None:
         self.label = label
         self.kind = kind  # the recipe's kind decides which keys exist
         self.origins: dict[str, str] = {}  # dotted key -> "set in text/base", ...
 
     @property
     def sections(self) -> dict[str, type]:
-        return KINDS[self.kind]
+        return task_of(self.kind).schema.SECTIONS
 
     def error(self, key: str, problem: str, origin: str | None = None) -> UsageError:
         """``origin`` None: where ``key`` was set, as recorded; "" for the recipe itself."""
@@ -327,14 +266,14 @@ def _chain(source: _Source, where: _Where, seen: tuple[_Source, ...] = ()) -> li
 
 
 def _kind(chain: list[tuple], where: _Where) -> str:
-    """The last ``kind`` the chain sets (``text`` if none)."""
-    kind, origin = "text", ""
+    """The last ``kind`` the chain sets (``DEFAULT_KIND`` if none)."""
+    kind, origin = DEFAULT_KIND, ""
     for layer_origin, raw, _ in chain:
         if isinstance(raw, dict) and "kind" in raw:
             kind, origin = raw["kind"], layer_origin
-    if kind not in KINDS:
-        hint = close_match(str(kind), KINDS)
-        raise where.error("kind", f"unknown kind {kind!r}{hint}; valid: {_valid(KINDS)}", origin)
+    if kind not in TASKS:
+        hint = close_match(str(kind), TASKS)
+        raise where.error("kind", f"unknown kind {kind!r}{hint}; valid: {_valid(TASKS)}", origin)
     return kind
 
 
@@ -530,19 +469,20 @@ def _section(cls: type, values: dict[str, Any], name: str, where: _Where) -> Any
 
 
 def _encoding(values: dict[str, Any], where: _Where) -> EncodingConfig:
-    default = {"text": EncodingConfig.name, "image": "learned2d"}.get(where.kind, "none")
-    name = where.converted(values.get("name", default), str, "encoding.name")
+    schema = task_of(where.kind).schema
+    name = where.converted(values.get("name", schema.DEFAULT_ENCODING), str, "encoding.name")
     one_d = [n for n, cls in ENCODINGS.items() if cls.dims == 1]
-    valid = one_d if where.kind == "text" else list(ENCODINGS)
+    valid = [n for n, cls in ENCODINGS.items() if cls.dims in schema.ENCODING_DIMS]
     if name not in ENCODINGS:
         raise where.error(
             "encoding.name",
             f"unknown encoding {name!r}{close_match(name, valid)}; valid: {_valid(valid)}",
         )
-    if where.kind == "text" and ENCODINGS[name].dims != 1:
+    if ENCODINGS[name].dims not in schema.ENCODING_DIMS:
         raise where.error(
             "encoding.name",
-            f"{name!r} is a 2D (image grid) encoding; text tasks need a 1D one: {_valid(one_d)}",
+            f"{name!r} is a 2D (image grid) encoding; {where.kind} tasks need a 1D one: "
+            f"{_valid(one_d)}",
         )
     spec = user_params(name)
     params = {}
@@ -606,10 +546,7 @@ def _build(tree: Tree, where: _Where, notes: list[str], source: str) -> Recipe:
         notes=list(notes),
     )
     check_maxima(recipe, where.error)
-    if recipe.kind == "text":
-        _validate(recipe, where)
-        return recipe
-    rules = config_image if recipe.kind == "image" else config_detection
+    rules = task_of(recipe.kind).schema  # every task's schema by the same route
     rules.validate(recipe, where.error)
     try:
         with torch.random.fork_rng(devices=[]):
@@ -617,86 +554,6 @@ def _build(tree: Tree, where: _Where, notes: list[str], source: str) -> Recipe:
     except UsageError as err:
         raise where.error("encoding", str(err)) from None
     return recipe
-
-
-# (key, test, requirement): values each field must satisfy
-_LIMITS: list[tuple[str, typing.Callable[[Any], bool], str]] = [
-    ("seed", lambda v: v >= 0, ">= 0"),
-    ("model.dim", lambda v: v >= 1, ">= 1"),
-    ("model.depth", lambda v: v >= 1, ">= 1"),
-    ("model.heads", lambda v: v >= 1, ">= 1"),
-    ("model.mlp_ratio", lambda v: v > 0, "> 0"),
-    ("model.dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("model.mem_len", lambda v: v >= 0, ">= 0 (0 = no memory)"),
-    ("data.vocab", lambda v: v >= 2, ">= 2"),
-    ("data.val_fraction", lambda v: 0 < v < 1, "in (0, 1)"),
-    ("train.steps", lambda v: v >= 1, ">= 1"),
-    ("train.batch_size", lambda v: v >= 1, ">= 1"),
-    ("train.lr", lambda v: v > 0, "> 0"),
-    ("train.weight_decay", lambda v: v >= 0, ">= 0"),
-    ("train.warmup", lambda v: v >= 0, ">= 0"),
-    ("train.grad_clip", lambda v: v >= 0, ">= 0 (0 = no clipping)"),
-    ("train.eval_every", lambda v: v >= 1, ">= 1"),
-    ("train.eval_batches", lambda v: v >= 1, ">= 1"),
-    ("train.checkpoint_every", lambda v: v >= 1, ">= 1"),
-    ("eval.batches", lambda v: v >= 1, ">= 1"),
-    ("eval.shift", lambda v: v >= 0, ">= 0"),
-]
-
-
-def _validate(recipe: Recipe, where: _Where) -> None:
-    """Values that convert but are impossible; the encoding is built once to check its params."""
-    check_limits(recipe, _LIMITS, where.error)
-    model, data = recipe.model, recipe.data
-    if model.dim % model.heads:
-        options = [h for h in (1, 2, 4, 8, 16) if model.dim % h == 0]
-        raise where.error(
-            "model.heads",
-            f"{model.heads} does not divide model.dim {model.dim}; "
-            f"pick one that does ({', '.join(map(str, options))})",
-        )
-    if data.task not in TASKS:
-        raise where.error(
-            "data.task",
-            f"unknown task {data.task!r}{close_match(data.task, TASKS)}; valid: {_valid(TASKS)}",
-        )
-    lengths = data.train_lengths
-    if len(lengths) != 2 or not 1 <= lengths[0] <= lengths[1]:
-        raise where.error(
-            "data.train_lengths", f"expected [min, max] with 1 <= min <= max, got {lengths!r}"
-        )
-    if data.corpus is not None and not Path(data.corpus).exists():
-        raise where.error(
-            "data.corpus",
-            f"no such file or folder {data.corpus!r}; give a text file or folder, "
-            "or null for the built-in standard-library corpus",
-        )
-    if not recipe.eval.lengths or min(recipe.eval.lengths) < 1:
-        raise where.error(
-            "eval.lengths",
-            f"expected a non-empty list of lengths >= 1, got {recipe.eval.lengths!r}",
-        )
-    if model.mem_len and not _causal(data.task):
-        raise where.error(
-            "model.mem_len", f"memory needs a language-model task, not {data.task!r}; set it to 0"
-        )
-    _check_encoding_builds(recipe, where)
-
-
-def _check_encoding_builds(recipe: Recipe, where: _Where) -> None:
-    model, encoding = recipe.model, recipe.encoding
-    try:
-        with torch.random.fork_rng(devices=[]):
-            build_encoding(
-                encoding.name,
-                dim=model.dim,
-                heads=model.heads,
-                head_dim=model.dim // model.heads,
-                causal=_causal(recipe.data.task),
-                **encoding.params,
-            )
-    except UsageError as err:
-        raise where.error("encoding", str(err)) from None
 
 
 # ----------------------------------------------------------------------------- public API
@@ -803,7 +660,7 @@ def _to_tree(recipe: Recipe) -> Tree:
 
 def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
     """The resolved recipe as plain data: the encoding's parameters beside its name."""
-    out: dict[str, Any] = {} if recipe.kind == "text" else {"kind": recipe.kind}
+    out: dict[str, Any] = {} if recipe.kind == DEFAULT_KIND else {"kind": recipe.kind}
     out.update(seed=recipe.seed, model=dataclasses.asdict(recipe.model))
     out["encoding"] = {"name": recipe.encoding.name, **copy.deepcopy(recipe.encoding.params)}
     for name in ("data", "train", "eval"):

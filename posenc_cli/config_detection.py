@@ -64,6 +64,8 @@ class DetectionEvalConfig:
     score_threshold: float = 0.5  # for the pictures only; COCO AP uses every detection
 
 
+DEFAULT_ENCODING = "none"
+ENCODING_DIMS = (1, 2)  # sequence encodings read the flattened grid
 SECTIONS: dict[str, type] = {
     "model": DetectionModelConfig,
     "data": DetectionDataConfig,

@@ -72,6 +72,8 @@ class ImageEvalConfig:
     batch_size: int = 256
 
 
+DEFAULT_ENCODING = "learned2d"
+ENCODING_DIMS = (1, 2)  # sequence encodings read the flattened grid
 SECTIONS: dict[str, type] = {
     "model": ImageModelConfig,
     "data": ImageDataConfig,

@@ -21,6 +21,7 @@ from posenc_cli.metrics import Tally
 from posenc_cli.models.text import build_text_model
 from posenc_cli.runs.checkpoint import atomic_write_json, load_run_weights
 from posenc_cli.runs.device import autocast, pick_device
+from posenc_cli.runs.evaluation import Evaluated, curve_picture
 from posenc_cli.train import evaluate_length
 
 
@@ -139,3 +140,31 @@ def evaluate_run(
     if write:
         save_evaluation(run_dir / eval_name(shift), result)
     return result
+
+
+def score(run_dir: Path, overrides: list[str], options: dict[str, Any]) -> Evaluated:
+    """`posenc evaluate` of a text run: ``options`` lengths, shift and out (a curve)."""
+    result = evaluate_run(run_dir, overrides, options["lengths"], options["shift"], write=False)
+    rows = []
+    for n, r in result["lengths"].items():
+        if "error" in r:
+            rows.append([n, "cannot run", "", "", r["error"][:60]])
+            continue
+        rows.append([n, f"{r['loss']:.4f}", f"{r['perplexity']:.3f}",
+                     f"{r['token_accuracy']:.4f}", f"{r['exact_match']:.4f}"])  # fmt: skip
+    if "stream" in result:
+        s = result["stream"]
+        rows.append(["stream", f"{s['loss']:.4f}", f"{s['perplexity']:.3f}",
+                     f"{s['token_accuracy']:.4f}", ""])  # fmt: skip
+    low, high = result["train_lengths"]
+    title = (
+        f"{run_dir}: {result['encoding']}, trained on lengths {low}-{high}, shift {result['shift']}"
+    )
+    pictures = []
+    if options["out"] is not None:
+        curve = f"{run_dir} (shift {result['shift']})"
+        pictures.append(
+            (options["out"], curve_picture(result, "token_accuracy", curve, (low, high)))
+        )
+    columns = ["length", "loss", "perplexity", "token accuracy", "exact match"]
+    return Evaluated(result, run_dir / eval_name(result["shift"]), title, columns, rows, pictures)

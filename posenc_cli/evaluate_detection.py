@@ -10,6 +10,7 @@ from posenc_cli.config import load_recipe
 from posenc_cli.evaluate import recipe_file, save_evaluation
 from posenc_cli.runs.checkpoint import load_run_weights
 from posenc_cli.runs.device import pick_device
+from posenc_cli.runs.evaluation import Evaluated
 from posenc_cli.train_detection import (
     build_detection_model,
     evaluate_detection,
@@ -73,3 +74,19 @@ def evaluate_detection_run(
         draw(run_dir / "predictions.png")
         save_evaluation(run_dir / "eval.json", result)
     return result
+
+
+def score(run_dir: Path, overrides: list[str], options: dict[str, Any]) -> Evaluated:
+    """`posenc evaluate` of a detection run: COCO AP on the validation set and its pictures."""
+    result, draw = score_detection_run(run_dir, overrides)
+    scores = result["lengths"]["val"]
+    picture = run_dir / "predictions.png"
+    return Evaluated(
+        result,
+        run_dir / "eval.json",
+        f"{run_dir}: COCO AP (%) on the validation set",
+        list(scores),
+        [[f"{v:.2f}" for v in scores.values()]],
+        [(picture, draw)],
+        note=f"predictions drawn in {picture}",
+    )

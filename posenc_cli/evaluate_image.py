@@ -20,6 +20,7 @@ from posenc_cli.errors import UsageError
 from posenc_cli.evaluate import recipe_file, save_evaluation
 from posenc_cli.runs.checkpoint import load_run_weights
 from posenc_cli.runs.device import pick_device
+from posenc_cli.runs.evaluation import Evaluated, curve_picture
 from posenc_cli.train_image import build_image_model, evaluate_images
 
 
@@ -78,3 +79,24 @@ def evaluate_image_run(
     if write:
         save_evaluation(run_dir / "eval.json", result)
     return result
+
+
+def score(run_dir: Path, overrides: list[str], options: dict[str, Any]) -> Evaluated:
+    """`posenc evaluate` of an image run: ``options`` sizes, shifts and out (a curve)."""
+    result = evaluate_image_run(
+        run_dir, overrides, options["sizes"], options["shifts"], write=False
+    )
+    rows = []
+    for key, r in result["lengths"].items():
+        if "error" in r:
+            rows.append([key, "cannot run", "", r["error"][:60]])
+            continue
+        rows.append([key, f"{r['top1']:.2f}", f"{r['top5']:.2f}", f"{r['loss']:.4f}"])
+    side = result["trained_size"]
+    pictures = []
+    if options["out"] is not None:
+        curve = curve_picture(result, "top1", f"{run_dir} (trained at {side} px)", (side, side))
+        pictures.append((options["out"], curve))
+    title = f"{run_dir}: {result['encoding']}, trained at {side} px"
+    columns = ["side px + shift", "top-1 %", "top-5 %", "loss"]
+    return Evaluated(result, run_dir / "eval.json", title, columns, rows, pictures)

@@ -26,6 +26,7 @@ from posenc_cli.runs.device import pick_device
 from posenc_cli.runs.distributed import World, is_main_process
 from posenc_cli.runs.lock import hold
 from posenc_cli.runs.terminate import Terminated, sigterm_as_interrupt
+from posenc_cli.tasks import task_of
 
 
 def default_out(recipe: Recipe) -> Path:
@@ -42,26 +43,10 @@ def train_and_evaluate(run: Recipe, run_dir: Path, resume: bool, console: Consol
 
 
 def train_then_evaluate(run: Recipe, run_dir: Path, resume: bool, console: Console) -> None:
-    if run.kind == "detection":
-        from posenc_cli.evaluate_detection import evaluate_detection_run
-        from posenc_cli.train_detection import train_detection
-
-        train_detection(run, run_dir, resume=resume, console=console)
-        evaluate = evaluate_detection_run
-    elif run.kind == "image":
-        from posenc_cli.evaluate_image import evaluate_image_run
-        from posenc_cli.train_image import train_image
-
-        train_image(run, run_dir, resume=resume, console=console)
-        evaluate = evaluate_image_run
-    else:
-        from posenc_cli.evaluate import evaluate_run
-        from posenc_cli.train import train
-
-        train(run, run_dir, resume=resume, console=console)
-        evaluate = evaluate_run
+    task = task_of(run.kind)
+    task.call("train", run, run_dir, resume=resume, console=console)
     if is_main_process():
-        evaluate(run_dir)
+        task.call("evaluate", run_dir)
 
 
 def run_recipe(
@@ -166,16 +151,11 @@ def check_jobs(jobs: int) -> None:
 
 
 def prepare_shared_data(runs: list[Recipe]) -> None:
-    """Write what the runs would otherwise race to write: each detection shapes set, once."""
-    written = set()
-    for run in runs:
-        if run.kind == "detection" and run.data.shapes_images > 0:
-            from posenc_cli.train_detection import load_detection_data
-
-            key = (run.data.root, run.data.shapes_images, run.data.shapes_seed)
-            if key not in written:
-                load_detection_data(run)
-                written.add(key)
+    """Write what the runs would otherwise race to write, as each task says (the shapes set)."""
+    for kind in dict.fromkeys(run.kind for run in runs):
+        task = task_of(kind)
+        if task.prepare is not None:
+            task.call("prepare", [run for run in runs if run.kind == kind])
 
 
 def _worker(run: Recipe, run_dir: Path, resume: bool, threads: int) -> str:

@@ -104,6 +104,17 @@ def param_groups(model, cfg) -> list[dict[str, Any]]:
     return [{"params": rest, "lr": cfg.lr}, {"params": backbone, "lr": cfg.lr_backbone}]
 
 
+def prepare_shared_data(runs: list[Recipe]) -> None:
+    """Write each shapes set of a sweep once, before its runs start side by side (two runs
+    writing one set at once raced in a pilot)."""
+    written = set()
+    for run in runs:
+        key = (run.data.root, run.data.shapes_images, run.data.shapes_seed)
+        if run.data.shapes_images > 0 and key not in written:
+            load_detection_data(run)
+            written.add(key)
+
+
 def train_detection(
     recipe: Recipe,
     out: Path,

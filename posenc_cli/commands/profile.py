@@ -13,6 +13,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from posenc_cli.commands.common import CompareFormat, console, int_list, reject_options
 from posenc_cli.errors import UsageError
+from posenc_cli.tasks import task_of
 
 DEFAULT_LENGTHS = [128, 256, 512, 1024]
 DEFAULT_DIM, DEFAULT_HEADS = 256, 4  # --layer attention
@@ -50,10 +51,7 @@ def build_workload(
 ):
     from posenc_cli.encodings import ENCODINGS
     from posenc_cli.profiling.workloads import (
-        DetectionRecipeWorkload,
-        ImageRecipeWorkload,
         LayerWorkload,
-        RecipeWorkload,
     )
 
     if layer is not None:
@@ -87,17 +85,8 @@ def build_workload(
             raise UsageError(f"{target}: not a run directory (no recipe.yaml); give a recipe")
         target = str(path / "recipe.yaml")
     recipe = load_recipe(target, [*overrides, "sweep=null"])
-    if recipe.kind == "image":
-        workload = ImageRecipeWorkload(recipe, [*overrides, "sweep=null"])
-        return workload, recipe.encoding.name, list(ENCODINGS)
-    if recipe.kind == "detection":
-        workload = DetectionRecipeWorkload(recipe, [*overrides, "sweep=null"])
-        compatible = [n for n, c in ENCODINGS.items() if c.dims == 2 or n == "none"]
-        if recipe.model.sine:  # the sine is already on q/k
-            compatible.remove("sincos2d")
-        return workload, recipe.encoding.name, compatible
-    compatible = [n for n, c in ENCODINGS.items() if c.dims == 1]
-    return RecipeWorkload(recipe, [*overrides, "sweep=null"]), recipe.encoding.name, compatible
+    workload, compatible = task_of(recipe.kind).call("workload", recipe, [*overrides, "sweep=null"])
+    return workload, recipe.encoding.name, compatible
 
 
 def profile_command(
@@ -176,7 +165,7 @@ def profile_command(
     workload, default, compatible = build_workload(
         target, list(overrides or []), layer, dim, heads, window
     )
-    image = not layer and workload.recipe.kind in ("image", "detection")
+    image = not layer and task_of(workload.recipe.kind).profile_unit == "px"
     if image and lengths is not None:
         raise UsageError("an image recipe is profiled over --sizes (sides in px), not --lengths")
     if not image and sizes_px is not None:

@@ -110,38 +110,25 @@ def evaluate_command(
     from posenc_cli.commands.common import check_writable, reject_options
     from posenc_cli.evaluate import run_directory, run_kind
     from posenc_cli.runs.lock import hold
+    from posenc_cli.tasks import task_of
 
     check_png(out)
     run_dir = run_directory(run_dir)
-    kind = run_kind(run_dir)
-    overrides = list(overrides or [])
-    if kind == "detection":
-        reject_options(
-            {
-                "--lengths": lengths,
-                "--shift": shift,
-                "--sizes": sizes,
-                "--shifts": shifts,
-                "--out": out,
-            },
-            "a detection run takes none of these: it is scored on its validation set and "
-            "draws predictions.png in the run directory",
-        )
-    elif kind == "image":
-        reject_options(
-            {"--lengths": lengths, "--shift": shift},
-            "for text runs; an image run takes --sizes (sides in px) and --shifts (px), "
-            "e.g. --sizes 32,48 --shifts 0,4",
-        )
-    else:
-        reject_options(
-            {"--sizes": sizes, "--shifts": shifts},
-            "for image runs; a text run takes --lengths and --shift, e.g. --lengths 16,32",
-        )
+    task = task_of(run_kind(run_dir))
+    given = {"lengths": lengths, "shift": shift, "sizes": sizes, "shifts": shifts, "out": out}
+    reject_options(
+        {f"--{flag}": value for flag, value in given.items() if flag not in task.evaluate_flags},
+        task.evaluate_hint,
+    )
     if shift is not None and shift < 0:
         raise UsageError(f"--shift {shift}: give a position offset >= 0, e.g. --shift 100")
-    length_list = int_list(lengths, "--lengths")
-    size_list, shift_list = int_list(sizes, "--sizes"), int_list(shifts, "--shifts", minimum=0)
+    options = {
+        "lengths": int_list(lengths, "--lengths"),
+        "shift": shift,
+        "sizes": int_list(sizes, "--sizes"),
+        "shifts": int_list(shifts, "--shifts", minimum=0),
+        "out": out,
+    }
     # results are written last, so find out now, before a long evaluation, that they can be
     check_writable(
         run_dir,
@@ -151,141 +138,31 @@ def evaluate_command(
     if out is not None:
         check_writable(out.parent, f"--out {out}", "give a path in a folder you can write")
     with hold(run_dir):  # no training or other evaluation writes it meanwhile
-        show_evaluation(
-            run_dir, kind, overrides, length_list, shift, size_list, shift_list, out, format
-        )
+        show_evaluation(task.call("score", run_dir, list(overrides or []), options), format)
 
 
-def show_evaluation(
-    run_dir: Path,
-    kind: str,
-    overrides: list[str],
-    length_list: list[int] | None,
-    shift: int | None,
-    size_list: list[int] | None,
-    shift_list: list[int] | None,
-    out: Path | None,
-    format: Format,
-) -> None:
-    """Score a run of any kind, write its picture, then its evaluation (merged), and show it."""
-    from posenc_cli.commands.common import written
-    from posenc_cli.evaluate import eval_name, evaluate_run, save_evaluation
-
-    if kind == "detection":
-        from posenc_cli.evaluate_detection import score_detection_run
-
-        result, draw = score_detection_run(run_dir, overrides)
-        with written(run_dir / "predictions.png"):
-            draw(run_dir / "predictions.png")
-        with written(run_dir / "eval.json"):
-            save_evaluation(run_dir / "eval.json", result)
-        if format is Format.json:
-            print(json.dumps(result))
-            return
-        scores = result["lengths"]["val"]
-        table = Table(title=f"{run_dir}: COCO AP (%) on the validation set")
-        for key in scores:
-            table.add_column(key, justify="right")
-        table.add_row(*(f"{v:.2f}" for v in scores.values()))
-        console.print(table)
-        console.print(f"predictions drawn in {run_dir / 'predictions.png'}")
-        return
-    if kind == "image":
-        show_image_evaluation(run_dir, overrides, size_list, shift_list, out, format)
-        return
-    result = evaluate_run(run_dir, overrides, length_list, shift, write=False)
-    if out is not None:
-        from posenc_cli.plots import save_length_curves
-
-        ok = {int(n): r for n, r in result["lengths"].items() if "error" not in r}
-        ns = sorted(ok)
-        with written(out):
-            save_length_curves(
-                {result["encoding"]: (ns, [ok[n]["token_accuracy"] for n in ns], [0.0] * len(ns))},
-                "token_accuracy",
-                f"{run_dir} (shift {result['shift']})",
-                out,
-                tuple(result["train_lengths"]),
-            )
-    saved = run_dir / eval_name(result["shift"])
-    with written(saved):
-        save_evaluation(saved, result)  # merged: lengths recorded before are kept
-    if format is Format.json:
-        print(json.dumps(result))
-        return
-    table = Table(
-        title=f"{run_dir}: {result['encoding']}, trained on lengths "
-        f"{result['train_lengths'][0]}-{result['train_lengths'][1]}, shift "
-        f"{result['shift']}"
-    )
-    for column in ("length", "loss", "perplexity", "token accuracy", "exact match"):
-        table.add_column(column, justify="right")
-    for n, r in result["lengths"].items():
-        if "error" in r:
-            table.add_row(n, "cannot run", "", "", r["error"][:60])
-            continue
-        table.add_row(
-            n,
-            f"{r['loss']:.4f}",
-            f"{r['perplexity']:.3f}",
-            f"{r['token_accuracy']:.4f}",
-            f"{r['exact_match']:.4f}",
-        )
-    if "stream" in result:
-        s = result["stream"]
-        table.add_row(
-            "stream", f"{s['loss']:.4f}", f"{s['perplexity']:.3f}", f"{s['token_accuracy']:.4f}", ""
-        )
-    console.print(table)
-
-
-def show_image_evaluation(
-    run_dir: Path,
-    overrides: list[str],
-    sizes: list[int] | None,
-    shifts: list[int] | None,
-    out: Path | None,
-    format: Format,
-) -> None:
-    """Score an image run at ``sizes`` x ``shifts``; write the curve, then eval.json (merged)."""
+def show_evaluation(evaluated, format: Format) -> None:
+    """Draw the pictures, then save the evaluation (merged: what was recorded before is kept),
+    then show it: nothing is written if a picture cannot be."""
     from posenc_cli.commands.common import written
     from posenc_cli.evaluate import save_evaluation
-    from posenc_cli.evaluate_image import evaluate_image_run
 
-    result = evaluate_image_run(run_dir, overrides, sizes, shifts, write=False)
-    if out is not None:
-        from posenc_cli.plots import save_length_curves
-
-        ok = {k: r for k, r in result["lengths"].items() if k.isdigit() and "error" not in r}
-        ns = sorted(ok, key=int)
-        with written(out):
-            save_length_curves(
-                {
-                    result["encoding"]: (
-                        [int(n) for n in ns],
-                        [ok[n]["top1"] for n in ns],
-                        [0.0] * len(ns),
-                    )
-                },
-                "top1",
-                f"{run_dir} (trained at {result['trained_size']} px)",
-                out,
-                (result["trained_size"], result["trained_size"]),
-            )
-    with written(run_dir / "eval.json"):
-        save_evaluation(run_dir / "eval.json", result)
+    for path, draw in evaluated.pictures:
+        with written(path):
+            draw(path)
+    with written(evaluated.saved_to):
+        save_evaluation(evaluated.saved_to, evaluated.result)
     if format is Format.json:
-        print(json.dumps(result))
+        print(json.dumps(evaluated.result))
         return
-    table = Table(title=f"{run_dir}: {result['encoding']}, trained at {result['trained_size']} px")
-    for column in ("side px + shift", "top-1 %", "top-5 %", "loss"):
+    table = Table(title=evaluated.title)
+    for column in evaluated.columns:
         table.add_column(column, justify="right")
-    for key, r in result["lengths"].items():
-        if "error" in r:
-            table.add_row(key, "cannot run", "", r["error"][:60])
-            continue
-        table.add_row(key, f"{r['top1']:.2f}", f"{r['top5']:.2f}", f"{r['loss']:.4f}")
+    for row in evaluated.rows:
+        table.add_row(*row)
     console.print(table)
+    if evaluated.note:
+        console.print(evaluated.note)
 
 
 def compare_command(
@@ -316,12 +193,12 @@ def compare_command(
     Example: posenc compare runs/extrapolation --baseline none --format md
     """
     from posenc_cli.commands.common import check_writable, written
-    from posenc_cli.compare import compare, metrics_of
+    from posenc_cli.compare import all_metrics, compare, metrics_of
 
     check_png(out)
     if out is not None:
         check_writable(out.parent, f"--out {out}", "give a path in a folder you can write")
-    known = dict.fromkeys([*metrics_of("text"), *metrics_of("image"), *metrics_of("detection")])
+    known = all_metrics()
     if metric is not None and metric not in known:
         raise UsageError(f"--metric {metric!r}: choose one of {', '.join(known)}")
     result = compare(runs, baseline)

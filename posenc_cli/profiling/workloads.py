@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from posenc_cli.encodings import build_encoding, encoding_class
+from posenc_cli.encodings import ENCODINGS, build_encoding, encoding_class
 from posenc_cli.encodings.base import PositionEncoding, grid_positions
 from posenc_cli.errors import UsageError
 from posenc_cli.models.attention import Attention
@@ -298,3 +298,22 @@ class DetectionRecipeWorkload:
             recipe = load_recipe(recipe.source, [*self.overrides, f"encoding.name={encoding}"])
         model = build_detection_model(recipe, num_classes=3)  # classes change only the head
         return DetectionSubject(model, recipe.model.backbone_stride)
+
+
+# Each task's workload for `posenc profile RECIPE`, with the encodings that fit it.
+
+
+def text_workload(recipe, overrides: list[str]) -> tuple[RecipeWorkload, list[str]]:
+    compatible = [n for n, c in ENCODINGS.items() if c.dims == 1]
+    return RecipeWorkload(recipe, overrides), compatible
+
+
+def image_workload(recipe, overrides: list[str]) -> tuple[ImageRecipeWorkload, list[str]]:
+    return ImageRecipeWorkload(recipe, overrides), list(ENCODINGS)
+
+
+def detection_workload(recipe, overrides: list[str]) -> tuple[DetectionRecipeWorkload, list[str]]:
+    compatible = [n for n, c in ENCODINGS.items() if c.dims == 2 or n == "none"]
+    if recipe.model.sine:  # the sine is already on q/k
+        compatible.remove("sincos2d")
+    return DetectionRecipeWorkload(recipe, overrides), compatible
