@@ -12,6 +12,20 @@ from posenc_cli.models.attention import Attention
 
 DIM, HEADS = 32, 4
 
+# A text run of a few seconds on top of any text recipe: one block of width 32, 6 steps
+TINY_TEXT = [
+    "model.dim=32",
+    "model.depth=1",
+    "train.steps=6",
+    "train.batch_size=8",
+    "train.eval_every=3",
+    "train.checkpoint_every=3",
+    "train.eval_batches=2",
+    "train.warmup=2",
+    "eval.lengths=[4,8]",
+    "eval.batches=2",
+]
+
 
 def run(capsys, *args: str) -> tuple[int, str, str]:
     """``posenc ARGS`` in-process: (exit status, stdout, stderr)."""

@@ -19,22 +19,9 @@ from posenc_cli.errors import UsageError
 from posenc_cli.evaluate import evaluate_run, save_evaluation
 from posenc_cli.runs.checkpoint import CorruptCheckpoint, load_checkpoint, load_run_weights
 from posenc_cli.train import train
-from tests.helpers import run
+from tests.helpers import TINY_TEXT, run
 
-TINY = [
-    "sweep=null",
-    "encoding.name=rope",
-    "model.dim=32",
-    "model.depth=1",
-    "train.steps=8",
-    "train.batch_size=8",
-    "train.eval_every=4",
-    "train.checkpoint_every=4",
-    "train.eval_batches=1",
-    "train.warmup=2",
-    "eval.lengths=[4,8]",
-    "eval.batches=1",
-]
+TINY = ["sweep=null", "encoding.name=rope", *TINY_TEXT, "train.eval_batches=1", "eval.batches=1"]
 
 
 @pytest.fixture(scope="module")

@@ -16,21 +16,9 @@ import pytest
 
 from posenc_cli.config import load_recipe
 from posenc_cli.errors import UsageError
-from tests.helpers import run
+from tests.helpers import TINY_TEXT, run
 
-TINY = [
-    "sweep=null",
-    "model.dim=32",
-    "model.depth=1",
-    "train.steps=8",
-    "train.batch_size=8",
-    "train.eval_every=4",
-    "train.checkpoint_every=4",
-    "train.eval_batches=2",
-    "train.warmup=2",
-    "eval.lengths=[4,8]",
-    "eval.batches=2",
-]
+TINY = ["sweep=null", *TINY_TEXT]
 
 
 def one_line_error(code: int, err: str, *words: str) -> None:

@@ -16,23 +16,11 @@ from pathlib import Path
 import pytest
 
 from tests import test_detection_train, test_image_train
-from tests.helpers import run_torchrun, torchrun_available
+from tests.helpers import TINY_TEXT, run_torchrun, torchrun_available
 
 pytestmark = pytest.mark.skipif(not torchrun_available(), reason="torchrun not installed")
 
-TEXT = [
-    "sweep=null",
-    "model.dim=32",
-    "model.depth=1",
-    "train.steps=6",
-    "train.batch_size=8",
-    "train.eval_every=3",
-    "train.checkpoint_every=3",
-    "train.eval_batches=2",
-    "train.warmup=2",
-    "eval.lengths=[4,8]",
-    "eval.batches=2",
-]
+TEXT = ["sweep=null", *TINY_TEXT]
 TIMINGS = ("tokens_per_s", "images_per_s")  # speeds, not results
 
 
@@ -86,33 +74,26 @@ def test_text_sweep_runs_alike_alone_and_resumes_under_torchrun(tmp_path):
     assert results(sweep / names[-1])[0] == before[0]
 
 
-def test_image_sweep_under_torchrun(tmp_path):
-    path = test_image_train.write_recipe(
-        tmp_path,
-        sweep={"encoding.name": ["none", "learned2d", "rope2d"]},
-        **{"train.epochs": 1, "train.device": "cpu", "eval.sizes": [16], "eval.shifts": [0]},
-    )
-    sweep = tmp_path / "sweep"
-    torchrun_train([str(path)], sweep, 29535)
-    names = ["encoding.name=none", "encoding.name=learned2d", "encoding.name=rope2d"]
-    check_sweep(sweep, names)
-    alone = tmp_path / "alone"
-    torchrun_train([str(path), "sweep=null", "encoding.name=rope2d"], alone, 29536)
-    assert_same_results(sweep / names[-1], alone)
-
-
-def test_detection_sweep_under_torchrun(tmp_path):
-    path = test_detection_train.write_recipe(
+@pytest.mark.parametrize(
+    "module, settings, port",
+    [
+        (test_image_train, {"eval.sizes": [16], "eval.shifts": [0]}, 29535),
+        (test_detection_train, {"eval.pictures": 0}, 29538),
+    ],
+    ids=["image", "detection"],
+)
+def test_image_and_detection_sweeps_under_torchrun(tmp_path, module, settings, port):
+    path = module.write_recipe(
         tmp_path,
         sweep={"encoding.name": ["none", "irpe", "rope2d"]},
-        **{"train.epochs": 1, "train.device": "cpu", "eval.pictures": 0},
+        **{"train.epochs": 1, "train.device": "cpu", **settings},
     )
     sweep = tmp_path / "sweep"
-    torchrun_train([str(path)], sweep, 29538)
+    torchrun_train([str(path)], sweep, port)
     names = ["encoding.name=none", "encoding.name=irpe", "encoding.name=rope2d"]
     check_sweep(sweep, names)
     alone = tmp_path / "alone"
-    torchrun_train([str(path), "sweep=null", "encoding.name=rope2d"], alone, 29539)
+    torchrun_train([str(path), "sweep=null", "encoding.name=rope2d"], alone, port + 1)
     assert_same_results(sweep / names[-1], alone)
 
 
