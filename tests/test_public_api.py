@@ -23,3 +23,14 @@ def test_every_public_name_resolves_and_others_do_not():
     assert "irpe" in posenc_cli.ENCODINGS and posenc_cli.load_recipe("quickstart").seed == 0
     with pytest.raises(AttributeError):
         posenc_cli.not_a_name  # noqa: B018
+
+
+def test_every_path_the_readme_names_exists():
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "README.md").read_text()
+    named = set(re.findall(r"(?:posenc_cli|benchmarks|recipes|docs|tests)/[\w/.-]*\w", text))
+    missing = [p for p in sorted(named) if not (root / p).exists()]
+    assert not missing
