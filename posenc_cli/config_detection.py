@@ -55,6 +55,7 @@ class DetectionTrainConfig:
     eos_coef: float = 0.1  # weight of the no-object class
     workers: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    tensorboard: bool = True  # event files beside metrics.jsonl (rank 0)
 
 
 @dataclass

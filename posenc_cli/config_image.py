@@ -63,6 +63,7 @@ class ImageTrainConfig:
     grad_clip: float = 0.0  # 0 = no clipping
     workers: int = 0  # DataLoader worker processes
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    tensorboard: bool = True  # event files beside metrics.jsonl (rank 0)
 
 
 @dataclass

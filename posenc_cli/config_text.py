@@ -58,6 +58,7 @@ class TrainConfig:
     eval_batches: int = 8
     checkpoint_every: int = 200
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    tensorboard: bool = True  # event files beside metrics.jsonl (rank 0)
 
 
 @dataclass

@@ -23,6 +23,7 @@ from posenc_cli.metrics import Tally
 from posenc_cli.models.text import build_text_model
 from posenc_cli.runs import distributed
 from posenc_cli.runs.checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
+from posenc_cli.runs.curves import Curves
 from posenc_cli.runs.device import autocast, pick_device
 from posenc_cli.runs.directory import (
     TrainingStopped,
@@ -149,6 +150,8 @@ def train(
                 },
             )
 
+    # events past the checkpoint are purged, as the log is cut back to it
+    curves = Curves(out, cfg.tensorboard and world.main, start + 1 if start else 0)
     progress = progress_bar(console, world.main)
     try:
         with progress:
@@ -207,6 +210,7 @@ def train(
                         )
                         row.update({f"val_{k}": v for k, v in val.items()})
                         append_metrics(log_path, row)
+                        curves.add(row)
                         if val["loss"] < best:
                             best = val["loss"]
                             checkpoint(best_path)
@@ -239,6 +243,7 @@ def train(
     }
     if world.main:
         atomic_write_json(out / "summary.json", summary)
+    curves.close()
     return summary
 
 

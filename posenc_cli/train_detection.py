@@ -23,6 +23,7 @@ from posenc_cli.config import Recipe
 from posenc_cli.config_detection import model_options
 from posenc_cli.runs import distributed
 from posenc_cli.runs.checkpoint import atomic_write_json, save_checkpoint
+from posenc_cli.runs.curves import Curves
 from posenc_cli.runs.device import pick_device
 from posenc_cli.runs.directory import last_metrics, prepare_directory, write_recipe
 from posenc_cli.runs.epochs import epoch_loader, log_epoch, optimize, resume_from
@@ -166,6 +167,8 @@ def train_detection(
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
         save_checkpoint(path, {**state, "epoch": epoch, "best": best})
 
+    resumed_step = start_epoch * per_epoch + 1 if start_epoch else 0
+    curves = Curves(out, cfg.tensorboard and world.main, resumed_step)
     progress = progress_bar(console, world.main)
     t0, images_seen = time.perf_counter(), 0
     try:
@@ -211,6 +214,7 @@ def train_detection(
                 rate = images_seen / (time.perf_counter() - t0)
                 lr = optimizer.param_groups[0]["lr"]
                 row = log_epoch(log_path, epoch, per_epoch, lr, losses, rate, val)
+                curves.add(row)
                 if val.get("AP", 0.0) > best:
                     best = val.get("AP", 0.0)
                     checkpoint(best_path, epoch + 1)
@@ -246,4 +250,5 @@ def train_detection(
     }
     if world.main:
         atomic_write_json(out / "summary.json", summary)
+    curves.close()
     return summary

@@ -29,6 +29,7 @@ from posenc_cli.config_image import model_overrides
 from posenc_cli.errors import UsageError
 from posenc_cli.runs import distributed
 from posenc_cli.runs.checkpoint import atomic_write_json, save_checkpoint
+from posenc_cli.runs.curves import Curves
 from posenc_cli.runs.device import autocast, pick_device
 from posenc_cli.runs.directory import last_metrics, prepare_directory, write_recipe
 from posenc_cli.runs.epochs import epoch_loader, log_epoch, optimize, resume_from
@@ -166,6 +167,8 @@ def train_image(
         )
 
     scored = model if ema is None else ema.module
+    resumed_step = start_epoch * per_epoch + 1 if start_epoch else 0
+    curves = Curves(out, cfg.tensorboard and world.main, resumed_step)
     progress = progress_bar(console, world.main)
     t0, images_seen = time.perf_counter(), 0
     try:
@@ -212,6 +215,7 @@ def train_image(
                 rate = images_seen / (time.perf_counter() - t0)
                 lr = optimizer.param_groups[0]["lr"]
                 row = log_epoch(log_path, epoch, per_epoch, lr, losses, rate, val)
+                curves.add(row)
                 if val["top1"] > best:
                     best = val["top1"]
                     checkpoint(best_path, epoch + 1)
@@ -248,4 +252,5 @@ def train_image(
     }
     if world.main:
         atomic_write_json(out / "summary.json", summary)
+    curves.close()
     return summary

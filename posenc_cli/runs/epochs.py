@@ -13,8 +13,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from posenc_cli.runs.checkpoint import load_checkpoint
-from posenc_cli.runs.distributed import World
 from posenc_cli.runs.directory import TrainingStopped, append_metrics, truncate_metrics
+from posenc_cli.runs.distributed import World
 
 
 def seed_everything(seed: int) -> torch.Generator:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+
 @dataclass
 class Evaluated:
     result: dict[str, Any]  # saved (merged) into ``saved_to`` and printed by --format json
