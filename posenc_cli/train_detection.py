@@ -11,7 +11,6 @@ are seeded from (seed, epoch), so a resumed run ends where the uninterrupted one
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +22,10 @@ from posenc_cli.config import Recipe
 from posenc_cli.config_detection import model_options
 from posenc_cli.runs import distributed
 from posenc_cli.runs.checkpoint import atomic_write_json, save_checkpoint
-from posenc_cli.runs.curves import Curves
 from posenc_cli.runs.device import pick_device
 from posenc_cli.runs.directory import last_metrics, prepare_directory, write_recipe
-from posenc_cli.runs.epochs import epoch_loader, log_epoch, optimize, resume_from
-from posenc_cli.runs.progress import progress_bar
+from posenc_cli.runs.epoch_loop import EpochTask, run_epochs
+from posenc_cli.runs.epochs import epoch_loader, optimize, resume_from
 
 AP_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 
@@ -153,7 +151,7 @@ def train_detection(
     # train.batch_size is per process, as in DETR (4 per GPU)
     per_epoch = math.ceil(len(data.train) / (cfg.batch_size * world.size))
 
-    last, best_path, log_path = out / "last.pt", out / "best.pt", out / "metrics.jsonl"
+    last, log_path = out / "last.pt", out / "metrics.jsonl"
     start_epoch, best = 0, -math.inf
     if resume:
         start_epoch, best, _ = resume_from(last, model, optimizer, world, log_path, per_epoch)
@@ -161,77 +159,60 @@ def train_detection(
     if world.size > 1:
         trainable = torch.nn.parallel.DistributedDataParallel(model)
 
-    def checkpoint(path: Path, epoch: int) -> None:
+    def checkpoint(path: Path, epoch: int, best: float) -> None:
         if not world.main:
             return
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
         save_checkpoint(path, {**state, "epoch": epoch, "best": best})
 
-    resumed_step = start_epoch * per_epoch + 1 if start_epoch else 0
-    curves = Curves(out, cfg.tensorboard and world.main, resumed_step)
-    progress = progress_bar(console, world.main)
-    t0, images_seen = time.perf_counter(), 0
-    try:
-        with progress:
-            total = cfg.epochs * per_epoch
-            bar = progress.add_task(
-                out.name, total=total, completed=start_epoch * per_epoch, stats=""
-            )
-            for epoch in range(start_epoch, cfg.epochs):
-                factor = 0.1 if cfg.lr_drop and epoch >= cfg.lr_drop else 1.0
-                for group, lr in zip(optimizer.param_groups, base_lrs, strict=True):
-                    group["lr"] = lr * factor
-                loader = epoch_loader(
-                    data.train,
-                    cfg.batch_size,
-                    world,
-                    recipe.seed,
-                    epoch,
-                    cfg.workers,
-                    False,
-                    collate,
-                )
-                model.train()
-                losses = []
-                for i, (images, targets) in enumerate(loader):
-                    step = epoch * per_epoch + i
-                    if interrupt_at is not None and step == interrupt_at:
-                        raise KeyboardInterrupt
-                    outputs = trainable(images.to(device))
-                    loss = criterion(outputs, to_device(targets, device))["loss"]
-                    stopped = (
-                        f"at step {step + 1}; the last good checkpoint (epoch {epoch}) is kept in "
-                        f"{out}; lower train.lr"
-                    )
-                    value = optimize(loss, model, optimizer, cfg.grad_clip, stopped)
-                    losses.append(value)
-                    images_seen += len(images) * world.size
-                    progress.update(bar, completed=step + 1)
-                if not world.main:  # rank 0 scores, logs and saves; the others wait
-                    world.barrier()
-                    continue
-                val, _ = evaluate_detection(model, data, scoring, recipe, device)
-                rate = images_seen / (time.perf_counter() - t0)
-                lr = optimizer.param_groups[0]["lr"]
-                row = log_epoch(log_path, epoch, per_epoch, lr, losses, rate, val)
-                curves.add(row)
-                if val.get("AP", 0.0) > best:
-                    best = val.get("AP", 0.0)
-                    checkpoint(best_path, epoch + 1)
-                checkpoint(last, epoch + 1)
-                progress.update(
-                    bar,
-                    stats=f"loss {row['train_loss']:.3f}  val AP {val.get('AP', 0.0):.1f}  "
-                    f"{row['images_per_s']:.0f} img/s",
-                )
-                world.barrier()
-    except KeyboardInterrupt:
-        # last.pt already holds the end of the last finished epoch; the partial one is redone
-        raise
-    except RuntimeError as err:
-        if not distributed.peer_failure(err, world):
-            raise
-        raise distributed.lost(err, world, out) from None
+    def begin_epoch(epoch: int) -> None:
+        factor = 0.1 if cfg.lr_drop and epoch >= cfg.lr_drop else 1.0
+        for group, lr in zip(optimizer.param_groups, base_lrs, strict=True):
+            group["lr"] = lr * factor
+        model.train()
+
+    def batches(epoch: int):
+        return epoch_loader(
+            data.train, cfg.batch_size, world, recipe.seed, epoch, cfg.workers, False, collate
+        )
+
+    def train_step(step: int, epoch: int, pair) -> tuple[float, int]:
+        images, targets = pair
+        outputs = trainable(images.to(device))
+        loss = criterion(outputs, to_device(targets, device))["loss"]
+        stopped = (
+            f"at step {step + 1}; the last good checkpoint (epoch {epoch}) is kept in "
+            f"{out}; lower train.lr"
+        )
+        return optimize(loss, model, optimizer, cfg.grad_clip, stopped), len(images)
+
+    def score() -> tuple[dict[str, float], float]:
+        val, _ = evaluate_detection(model, data, scoring, recipe, device)
+        return val, val.get("AP", 0.0)
+
+    best = run_epochs(
+        EpochTask(
+            batches=batches,
+            train_step=train_step,
+            score=score,
+            checkpoint=checkpoint,
+            stats=lambda row: (
+                f"loss {row['train_loss']:.3f}  val AP {row.get('val_AP', 0.0):.1f}  "
+                f"{row['images_per_s']:.0f} img/s"
+            ),
+            lr=lambda: optimizer.param_groups[0]["lr"],
+            begin_epoch=begin_epoch,
+        ),
+        out=out,
+        world=world,
+        epochs=cfg.epochs,
+        per_epoch=per_epoch,
+        start_epoch=start_epoch,
+        best=best,
+        console=console,
+        tensorboard=cfg.tensorboard,
+        interrupt_at=interrupt_at,
+    )
     summary = {
         "recipe": recipe.source,
         "kind": "detection",
@@ -250,5 +231,4 @@ def train_detection(
     }
     if world.main:
         atomic_write_json(out / "summary.json", summary)
-    curves.close()
     return summary

@@ -15,7 +15,6 @@ the uninterrupted run. Checkpoints and logs are written like the text runs' (``t
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +28,10 @@ from posenc_cli.config_image import model_overrides
 from posenc_cli.errors import UsageError
 from posenc_cli.runs import distributed
 from posenc_cli.runs.checkpoint import atomic_write_json, save_checkpoint
-from posenc_cli.runs.curves import Curves
 from posenc_cli.runs.device import autocast, pick_device
 from posenc_cli.runs.directory import last_metrics, prepare_directory, write_recipe
-from posenc_cli.runs.epochs import epoch_loader, log_epoch, optimize, resume_from
-from posenc_cli.runs.progress import progress_bar
+from posenc_cli.runs.epoch_loop import EpochTask, run_epochs
+from posenc_cli.runs.epochs import epoch_loader, optimize, resume_from
 
 
 def build_image_model(recipe: Recipe, num_classes: int, channels: int, image_size: int):
@@ -142,7 +140,7 @@ def train_image(
     mixup, criterion = make_criterion(cfg, data.num_classes)
     val_loader = DataLoader(data.val, batch_size=recipe.eval.batch_size, num_workers=cfg.workers)
 
-    last, best_path, log_path = out / "last.pt", out / "best.pt", out / "metrics.jsonl"
+    last, log_path = out / "last.pt", out / "metrics.jsonl"
     start_epoch, best = 0, -math.inf
     if resume:
         start_epoch, best, state = resume_from(last, model, optimizer, world, log_path, per_epoch)
@@ -152,7 +150,7 @@ def train_image(
     if world.size > 1:
         trainable = torch.nn.parallel.DistributedDataParallel(model)
 
-    def checkpoint(path: Path, epoch: int) -> None:
+    def checkpoint(path: Path, epoch: int, best: float) -> None:
         if not world.main:
             return
         save_checkpoint(
@@ -166,73 +164,61 @@ def train_image(
             },
         )
 
+    def batches(epoch: int):
+        model.train()
+        return epoch_loader(
+            data.train,
+            batch // world.size,
+            world,
+            recipe.seed,
+            epoch,
+            cfg.workers,
+            drop_last=True,  # Mixup needs full, even batches
+        )
+
+    def train_step(step: int, epoch: int, pair) -> tuple[float, int]:
+        images, labels = pair[0].to(device), pair[1].to(device)
+        if mixup is not None:
+            images, labels = mixup(images, labels)
+        with autocast(device):
+            loss = criterion(trainable(images).float(), labels)
+        stopped = (
+            f"at step {step + 1}; the last good checkpoint (epoch {epoch}) is kept "
+            f"in {out}; lower train.lr or set train.grad_clip"
+        )
+        value = optimize(loss, model, optimizer, cfg.grad_clip, stopped)
+        scheduler.step_update(step + 1)
+        if ema is not None:
+            ema.update(model, step=step)
+        return value, len(images)
+
+    def score() -> tuple[dict[str, float], float]:
+        val = evaluate_images(scored, val_loader, device)
+        return val, val["top1"]
+
     scored = model if ema is None else ema.module
-    resumed_step = start_epoch * per_epoch + 1 if start_epoch else 0
-    curves = Curves(out, cfg.tensorboard and world.main, resumed_step)
-    progress = progress_bar(console, world.main)
-    t0, images_seen = time.perf_counter(), 0
-    try:
-        with progress:
-            bar = progress.add_task(
-                out.name, total=total, completed=start_epoch * per_epoch, stats=""
-            )
-            for epoch in range(start_epoch, cfg.epochs):
-                loader = epoch_loader(
-                    data.train,
-                    batch // world.size,
-                    world,
-                    recipe.seed,
-                    epoch,
-                    cfg.workers,
-                    drop_last=True,  # Mixup needs full, even batches
-                )
-                model.train()
-                losses = []
-                for i, (images, labels) in enumerate(loader):
-                    step = epoch * per_epoch + i
-                    if interrupt_at is not None and step == interrupt_at:
-                        raise KeyboardInterrupt
-                    images, labels = images.to(device), labels.to(device)
-                    if mixup is not None:
-                        images, labels = mixup(images, labels)
-                    with autocast(device):
-                        loss = criterion(trainable(images).float(), labels)
-                    stopped = (
-                        f"at step {step + 1}; the last good checkpoint (epoch {epoch}) is kept "
-                        f"in {out}; lower train.lr or set train.grad_clip"
-                    )
-                    value = optimize(loss, model, optimizer, cfg.grad_clip, stopped)
-                    scheduler.step_update(step + 1)
-                    if ema is not None:
-                        ema.update(model, step=step)
-                    losses.append(value)
-                    images_seen += len(images) * world.size
-                    progress.update(bar, completed=step + 1)
-                if not world.main:  # rank 0 scores, logs and saves; the others wait
-                    world.barrier()
-                    continue
-                val = evaluate_images(scored, val_loader, device)
-                rate = images_seen / (time.perf_counter() - t0)
-                lr = optimizer.param_groups[0]["lr"]
-                row = log_epoch(log_path, epoch, per_epoch, lr, losses, rate, val)
-                curves.add(row)
-                if val["top1"] > best:
-                    best = val["top1"]
-                    checkpoint(best_path, epoch + 1)
-                checkpoint(last, epoch + 1)
-                progress.update(
-                    bar,
-                    stats=f"loss {row['train_loss']:.3f}  val top-1 {val['top1']:.1f}%  "
-                    f"{row['images_per_s']:.0f} img/s",
-                )
-                world.barrier()
-    except KeyboardInterrupt:
-        # last.pt already holds the end of the last finished epoch; the partial one is redone
-        raise
-    except RuntimeError as err:
-        if not distributed.peer_failure(err, world):
-            raise
-        raise distributed.lost(err, world, out) from None
+    best = run_epochs(
+        EpochTask(
+            batches=batches,
+            train_step=train_step,
+            score=score,
+            checkpoint=checkpoint,
+            stats=lambda row: (
+                f"loss {row['train_loss']:.3f}  val top-1 {row['val_top1']:.1f}%  "
+                f"{row['images_per_s']:.0f} img/s"
+            ),
+            lr=lambda: optimizer.param_groups[0]["lr"],
+        ),
+        out=out,
+        world=world,
+        epochs=cfg.epochs,
+        per_epoch=per_epoch,
+        start_epoch=start_epoch,
+        best=best,
+        console=console,
+        tensorboard=cfg.tensorboard,
+        interrupt_at=interrupt_at,
+    )
     summary = {
         "recipe": recipe.source,
         "kind": "image",
@@ -252,5 +238,4 @@ def train_image(
     }
     if world.main:
         atomic_write_json(out / "summary.json", summary)
-    curves.close()
     return summary

@@ -69,7 +69,16 @@ def torchrun_available() -> bool:
     return shutil.which("torchrun", path=str(Path(sys.executable).parent)) is not None
 
 
-def run_torchrun(args: list[str], port: int, processes: int = 2):
+def free_port() -> int:
+    """A TCP port nothing listens on now: fixed ports collide when two test runs overlap."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_torchrun(args: list[str], processes: int = 2):
     """``torchrun -m posenc_cli ARGS`` with one thread per process; returns the finished process."""
     import os
     import subprocess
@@ -79,7 +88,7 @@ def run_torchrun(args: list[str], port: int, processes: int = 2):
     command = [
         str(Path(sys.executable).parent / "torchrun"),
         f"--nproc_per_node={processes}",
-        f"--master_port={port}",
+        f"--master_port={free_port()}",
         "-m",
         "posenc_cli",
         *args,
@@ -88,11 +97,11 @@ def run_torchrun(args: list[str], port: int, processes: int = 2):
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=240)
 
 
-def ddp_train(args: list[str], out, port: int) -> dict:
+def ddp_train(args: list[str], out) -> dict:
     """``posenc train ARGS --out OUT`` in 2 processes on the CPU; asserts it exits 0 and returns
     the run's summary.json."""
     import json
 
-    proc = run_torchrun(["train", *args, "--out", str(out)], port=port)
+    proc = run_torchrun(["train", *args, "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads((out / "summary.json").read_text())

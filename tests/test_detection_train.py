@@ -132,7 +132,7 @@ def test_shipped_detection_recipes_validate():
 def test_two_process_ddp_detection_run_on_cpu(tmp_path):
     path = write_recipe(tmp_path, **{"train.epochs": 1, "train.device": "cpu"})
     out = tmp_path / "ddp"
-    summary = ddp_train([str(path)], out, port=29521)
+    summary = ddp_train([str(path)], out)
     assert summary["world_size"] == 2 and summary["final"]["epoch"] == 1
     assert (out / "eval.json").is_file()
 

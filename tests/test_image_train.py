@@ -153,6 +153,6 @@ def test_full_scale_recipe_validates_without_its_data(capsys):
 def test_two_process_ddp_image_run_on_cpu(tmp_path):
     path = write_recipe(tmp_path, **{"train.epochs": 1, "train.device": "cpu"})
     out = tmp_path / "ddp"
-    summary = ddp_train([str(path)], out, port=29519)
+    summary = ddp_train([str(path)], out)
     assert summary["world_size"] == 2 and summary["final"]["epoch"] == 1
     assert (out / "eval.json").is_file()

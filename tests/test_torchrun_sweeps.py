@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests import test_detection_train, test_image_train
-from tests.helpers import TINY_TEXT, run_torchrun, torchrun_available
+from tests.helpers import TINY_TEXT, free_port, run_torchrun, torchrun_available
 
 pytestmark = pytest.mark.skipif(not torchrun_available(), reason="torchrun not installed")
 
@@ -24,8 +24,8 @@ TEXT = ["sweep=null", *TINY_TEXT]
 TIMINGS = ("tokens_per_s", "images_per_s")  # speeds, not results
 
 
-def torchrun_train(args: list[str], out: Path, port: int) -> subprocess.CompletedProcess:
-    proc = run_torchrun(["train", *args, "--out", str(out)], port=port)
+def torchrun_train(args: list[str], out: Path) -> subprocess.CompletedProcess:
+    proc = run_torchrun(["train", *args, "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -55,10 +55,10 @@ def check_sweep(out: Path, names: list[str], world_size: int = 2) -> None:
 def test_text_sweep_runs_alike_alone_and_resumes_under_torchrun(tmp_path):
     names = ["encoding.name=none", "encoding.name=alibi", "encoding.name=rope"]
     sweep = tmp_path / "sweep"
-    torchrun_train(["quickstart", *TEXT, "sweep.encoding.name=[none,alibi,rope]"], sweep, 29531)
+    torchrun_train(["quickstart", *TEXT, "sweep.encoding.name=[none,alibi,rope]"], sweep)
     check_sweep(sweep, names)
     alone = tmp_path / "alone"
-    torchrun_train(["quickstart", *TEXT, "encoding.name=rope"], alone, 29532)
+    torchrun_train(["quickstart", *TEXT, "encoding.name=rope"], alone)
     assert_same_results(sweep / names[-1], alone)
 
     # the last run lost its results: --resume keeps the two others and finishes it again
@@ -67,7 +67,7 @@ def test_text_sweep_runs_alike_alone_and_resumes_under_torchrun(tmp_path):
     (sweep / names[-1] / "eval.json").unlink()
     kept = (sweep / names[0] / "summary.json").read_bytes()
     args = ["quickstart", *TEXT, "sweep.encoding.name=[none,alibi,rope]", "--resume"]
-    proc = torchrun_train(args, sweep, 29533)
+    proc = torchrun_train(args, sweep)
     assert proc.stderr.count("finished earlier") == 2  # rank 0 alone reports
     assert (sweep / names[0] / "summary.json").read_bytes() == kept
     assert_same_results(sweep / names[-1], alone)
@@ -75,25 +75,25 @@ def test_text_sweep_runs_alike_alone_and_resumes_under_torchrun(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "module, settings, port",
+    "module, settings",
     [
-        (test_image_train, {"eval.sizes": [16], "eval.shifts": [0]}, 29535),
-        (test_detection_train, {"eval.pictures": 0}, 29538),
+        (test_image_train, {"eval.sizes": [16], "eval.shifts": [0]}),
+        (test_detection_train, {"eval.pictures": 0}),
     ],
     ids=["image", "detection"],
 )
-def test_image_and_detection_sweeps_under_torchrun(tmp_path, module, settings, port):
+def test_image_and_detection_sweeps_under_torchrun(tmp_path, module, settings):
     path = module.write_recipe(
         tmp_path,
         sweep={"encoding.name": ["none", "irpe", "rope2d"]},
         **{"train.epochs": 1, "train.device": "cpu", **settings},
     )
     sweep = tmp_path / "sweep"
-    torchrun_train([str(path)], sweep, port)
+    torchrun_train([str(path)], sweep)
     names = ["encoding.name=none", "encoding.name=irpe", "encoding.name=rope2d"]
     check_sweep(sweep, names)
     alone = tmp_path / "alone"
-    torchrun_train([str(path), "sweep=null", "encoding.name=rope2d"], alone, port + 1)
+    torchrun_train([str(path), "sweep=null", "encoding.name=rope2d"], alone)
     assert_same_results(sweep / names[-1], alone)
 
 
@@ -104,7 +104,7 @@ def test_a_hung_rank_makes_the_other_stop_within_the_timeout(tmp_path):
     args = [*TEXT, "train.steps=100000", "train.eval_every=20", "train.checkpoint_every=20"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "POSENC_DIST_TIMEOUT": "4"}
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    command = [torchrun, "--nproc_per_node=2", "--master_port=29541", "-m", "posenc_cli"]
+    command = [torchrun, "--nproc_per_node=2", f"--master_port={free_port()}", "-m", "posenc_cli"]
     launcher = subprocess.Popen(
         [*command, "train", "quickstart", *args, "--out", str(out)],
         env=env,

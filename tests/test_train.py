@@ -226,6 +226,6 @@ def test_dry_run_prints_the_resolved_recipe_and_trains_nothing(tmp_path, capsys)
 @pytest.mark.skipif(not torchrun_available(), reason="torchrun not installed")
 def test_two_process_ddp_run_on_cpu(tmp_path):
     out = tmp_path / "ddp"
-    summary = ddp_train(["quickstart", *TINY, "train.steps=4"], out, port=29517)
+    summary = ddp_train(["quickstart", *TINY, "train.steps=4"], out)
     assert summary["world_size"] == 2 and summary["final"]["step"] == 4
     assert not list(out.glob(".*.tmp"))
