@@ -26,13 +26,13 @@ from posenc_cli.runs.checkpoint import atomic_write_json, load_checkpoint, save_
 from posenc_cli.runs.curves import Curves
 from posenc_cli.runs.device import autocast, pick_device
 from posenc_cli.runs.directory import (
-    TrainingStopped,
     append_metrics,
     last_metrics,
     prepare_directory,
     truncate_metrics,
     write_recipe,
 )
+from posenc_cli.runs.epochs import optimize
 from posenc_cli.runs.progress import progress_bar
 
 EVAL_SEED = 20_000_000  # evaluation batches are the same for every run and every encoding
@@ -177,20 +177,13 @@ def train(
                         memory=memory,
                     )
                 loss = train_tally.add(output.logits, targets.to(device))
-                value = float(loss.detach())
-                if not math.isfinite(value):
-                    kept = f"step {start}" if start else "none yet"
-                    if last.is_file():
-                        kept = f"step {load_checkpoint(last)['step']}"
-                    raise TrainingStopped(
-                        f"loss became {value} at step {step + 1}; the last good checkpoint "
-                        f"({kept}) is kept in {out}; lower train.lr or train.grad_clip"
-                    )
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if cfg.grad_clip > 0:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                optimizer.step()
+                optimize(
+                    loss,
+                    model,
+                    optimizer,
+                    cfg.grad_clip,
+                    lambda step=step: stopped_at(step, start, out),
+                )
                 memory = output.memory
                 tokens_seen += tokens.numel() * world.size
                 step += 1
@@ -245,6 +238,17 @@ def train(
         atomic_write_json(out / "summary.json", summary)
     curves.close()
     return summary
+
+
+def stopped_at(step: int, start: int, out: Path) -> str:
+    """Where a NaN stop happened and which checkpoint is kept (read only when it happens)."""
+    kept = f"step {start}" if start else "none yet"
+    if (out / "last.pt").is_file():
+        kept = f"step {load_checkpoint(out / 'last.pt')['step']}"
+    return (
+        f"at step {step + 1}; the last good checkpoint ({kept}) is kept in {out}; "
+        "lower train.lr or train.grad_clip"
+    )
 
 
 def stats_line(row: dict[str, Any]) -> str:

@@ -1,10 +1,11 @@
-"""What the epoch-based training loops (images, detection) share: seeding, the data order,
-resuming from the last finished epoch, the optimiser step and the end-of-epoch log line."""
+"""What the training loops share: seeding, the data order and resuming from the last finished
+epoch (images, detection), the optimiser step (all three tasks) and the end-of-epoch log line."""
 
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +74,15 @@ def resume_from(
     return epoch, float(state["best"]), state
 
 
-def optimize(loss: torch.Tensor, model, optimizer, grad_clip: float, stopped: str) -> float:
-    """One step on ``loss``; returns its value. A loss that is not finite stops training before it
-    touches the weights, with ``stopped`` (where the last good checkpoint is, and the fix)."""
+def optimize(
+    loss: torch.Tensor, model, optimizer, grad_clip: float, stopped: str | Callable[[], str]
+) -> float:
+    """One step on ``loss`` for every task; returns its value. A loss that is not finite stops
+    training before it touches the weights, with ``stopped`` (where the last good checkpoint
+    is, and the fix; a callable when saying so costs a read)."""
     value = float(loss.detach())
     if not math.isfinite(value):
-        raise TrainingStopped(f"loss became {value} {stopped}")
+        raise TrainingStopped(f"loss became {value} {stopped() if callable(stopped) else stopped}")
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if grad_clip > 0:
