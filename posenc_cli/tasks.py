@@ -30,7 +30,9 @@ class Task:
     """One kind of experiment. Strings name ``module:function`` and are resolved on use."""
 
     kind: str
-    schema_module: str  # SECTIONS, DEFAULT_ENCODING, ENCODING_DIMS, validate, build_encoding_once
+    # SECTIONS (its train section has ``device``), DEFAULT_ENCODING, ENCODING_DIMS, validate,
+    # build_encoding_once
+    schema_module: str
     train: str  # (recipe, out, resume=, console=) -> summary
     evaluate: str  # (run_dir) -> the evaluation written to eval.json
     score: str  # (run_dir, overrides, options) -> runs.evaluation.Evaluated, for `evaluate`
