@@ -48,7 +48,8 @@ from posenc_cli.config_text import DataConfig, EvalConfig, ModelConfig, TrainCon
 from posenc_cli.encodings import ENCODINGS, check_params, user_params
 from posenc_cli.errors import UsageError
 from posenc_cli.params import (
-    check_maxima,
+    bounded,
+    check_fields,
     close_match,
     convert,
     parse_assignments,
@@ -67,7 +68,7 @@ class EncodingConfig:
 
 @dataclass
 class Recipe:
-    seed: int = 0
+    seed: int = bounded(0, lambda v: v >= 0, ">= 0", most=2**32 - 1)
     # the text sections for kind "text", config_image's for "image", config_detection's for
     # "detection"
     model: Any = field(default_factory=ModelConfig)
@@ -545,7 +546,9 @@ def _build(tree: Tree, where: _Where, notes: list[str], source: str) -> Recipe:
         source=source,
         notes=list(notes),
     )
-    check_maxima(recipe, where.error)
+    check_fields(recipe, "", where.error)  # the seed; the sections' limits live on their fields
+    for name in ("model", "data", "train", "eval"):
+        check_fields(getattr(recipe, name), f"{name}.", where.error)
     rules = task_of(recipe.kind).schema  # every task's schema by the same route
     rules.validate(recipe, where.error)
     try:

@@ -12,19 +12,24 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from posenc_cli.errors import UsageError
-from posenc_cli.params import Limit, check_limits
+from posenc_cli.params import bounded
 
 
 @dataclass
 class ImageModelConfig:
     arch: str = "vit_micro"  # a name of posenc_cli.models.vit.ARCHS
-    dim: int = 0  # 0 = the arch's own; the four below likewise
-    depth: int = 0
-    heads: int = 0
-    patch_size: int = 0
-    drop_path: float = 0.1  # stochastic depth, the rate of the last block (DeiT: 0.1)
-    dropout: float = 0.0
-    window: int = 0  # local k x k window attention; 0 = full attention
+    # 0 = the arch's own; the four below likewise
+    dim: int = bounded(0, lambda v: v >= 0, ">= 0 (0 = the arch's)", most=65_536)
+    depth: int = bounded(0, lambda v: v >= 0, ">= 0 (0 = the arch's)", most=1_024)
+    heads: int = bounded(0, lambda v: v >= 0, ">= 0 (0 = the arch's)", most=1_024)
+    patch_size: int = bounded(0, lambda v: v >= 0, ">= 0 (0 = the arch's)", most=4_096)
+    # stochastic depth, the rate of the last block (DeiT: 0.1)
+    drop_path: float = bounded(0.1, lambda v: 0 <= v < 1, "in [0, 1)")
+    dropout: float = bounded(0.0, lambda v: 0 <= v < 1, "in [0, 1)")
+    # local k x k window attention; 0 = full attention
+    window: int = bounded(
+        0, lambda v: v == 0 or (v > 0 and v % 2 == 1), "0 or an odd number", most=4_095
+    )
     pool: Literal["token", "avg"] = "token"  # the class token (DeiT) or the mean of patches
     # DeiT's learned table in the model: added beside a relative encoding (as DeiT-iRPE does);
     # with learned2d it is that encoding itself
@@ -35,42 +40,46 @@ class ImageModelConfig:
 class ImageDataConfig:
     dataset: str = "digits"  # a name of posenc_cli.data.images.IMAGE_DATASETS
     root: str | None = None  # folder of CIFAR batches or of train/ and val/ class folders
-    image_size: int = 32  # the side the model is built and trained for
-    train_size: int | None = None  # procedural sizes or caps on real sets; None = default
-    val_size: int | None = None
+    # the side the model is built and trained for
+    image_size: int = bounded(32, lambda v: v >= 1, ">= 1", most=16_384)
+    # procedural sizes or caps on real sets; None = default
+    train_size: int | None = bounded(None, most=1_000_000_000)
+    val_size: int | None = bounded(None, most=1_000_000_000)
     seed: int = 0  # the data (split, scenes, subsets): the same for every model seed
     randaugment: str | None = None  # timm string, e.g. rand-m9-mstd0.5-inc1
-    random_erasing: float = 0.0
+    random_erasing: float = bounded(0.0, lambda v: 0 <= v <= 1, "in [0, 1]")
     hflip: float | None = None  # None = the data set's default (0 where a flip moves labels)
     crop_scale: list[float] = field(default_factory=lambda: [0.08, 1.0])  # photos: random crop
     interpolation: str = "bicubic"
-    shift: int = 0  # validation images moved this many pixels (evaluation sets it per shift)
+    # validation images moved this many pixels (evaluation sets it per shift)
+    shift: int = bounded(0, lambda v: v >= 0, ">= 0", most=16_384)
 
 
 @dataclass
 class ImageTrainConfig:
-    epochs: int = 10
-    batch_size: int = 64
-    lr: float = 5e-4  # peak learning rate (DeiT: 5e-4 x batch / 512)
-    min_lr: float = 1e-5
-    weight_decay: float = 0.05
-    warmup_epochs: int = 1
-    label_smoothing: float = 0.1
-    mixup: float = 0.0  # Mixup alpha; 0 = off
-    cutmix: float = 0.0  # CutMix alpha; 0 = off
+    epochs: int = bounded(10, lambda v: v >= 1, ">= 1", most=1_000_000)
+    batch_size: int = bounded(64, lambda v: v >= 1, ">= 1", most=1_000_000)
+    # peak learning rate (DeiT: 5e-4 x batch / 512)
+    lr: float = bounded(5e-4, lambda v: v > 0, "> 0")
+    min_lr: float = bounded(1e-5, lambda v: v >= 0, ">= 0")
+    weight_decay: float = bounded(0.05, lambda v: v >= 0, ">= 0")
+    warmup_epochs: int = bounded(1, lambda v: v >= 0, ">= 0", most=1_000_000)
+    label_smoothing: float = bounded(0.1, lambda v: 0 <= v < 1, "in [0, 1)")
+    mixup: float = bounded(0.0, lambda v: v >= 0, ">= 0 (0 = off)")  # Mixup alpha; 0 = off
+    cutmix: float = bounded(0.0, lambda v: v >= 0, ">= 0 (0 = off)")  # CutMix alpha; 0 = off
     ema: bool = False  # keep an exponential moving average of the weights and score it
-    ema_decay: float = 0.9998
-    grad_clip: float = 0.0  # 0 = no clipping
-    workers: int = 0  # DataLoader worker processes
+    ema_decay: float = bounded(0.9998, lambda v: 0 < v < 1, "in (0, 1)")
+    grad_clip: float = bounded(0.0, lambda v: v >= 0, ">= 0 (0 = no clipping)")  # 0 = no clipping
+    workers: int = bounded(0, lambda v: v >= 0, ">= 0", most=256)  # DataLoader worker processes
     device: Literal["auto", "cpu", "cuda"] = "auto"
     tensorboard: bool = True  # event files beside metrics.jsonl (rank 0)
 
 
 @dataclass
 class ImageEvalConfig:
-    sizes: list[int] = field(default_factory=list)  # image sides; empty = the trained size
-    shifts: list[int] = field(default_factory=lambda: [0])  # translated copies of val
-    batch_size: int = 256
+    sizes: list[int] = bounded(factory=list, most=16_384)  # image sides; empty = the trained size
+    shifts: list[int] = bounded(factory=lambda: [0], most=16_384)  # translated copies of val
+    batch_size: int = bounded(256, lambda v: v >= 1, ">= 1", most=1_000_000)
 
 
 DEFAULT_ENCODING = "learned2d"
@@ -84,33 +93,6 @@ SECTIONS: dict[str, type] = {
 
 Error = Callable[[str, str], UsageError]  # (dotted key, problem) -> the one-line error
 
-LIMITS: list[Limit] = [
-    ("seed", lambda v: v >= 0, ">= 0"),
-    ("model.dim", lambda v: v >= 0, ">= 0 (0 = the arch's)"),
-    ("model.depth", lambda v: v >= 0, ">= 0 (0 = the arch's)"),
-    ("model.heads", lambda v: v >= 0, ">= 0 (0 = the arch's)"),
-    ("model.patch_size", lambda v: v >= 0, ">= 0 (0 = the arch's)"),
-    ("model.drop_path", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("model.dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("model.window", lambda v: v == 0 or (v > 0 and v % 2 == 1), "0 or an odd number"),
-    ("data.image_size", lambda v: v >= 1, ">= 1"),
-    ("data.random_erasing", lambda v: 0 <= v <= 1, "in [0, 1]"),
-    ("data.shift", lambda v: v >= 0, ">= 0"),
-    ("train.epochs", lambda v: v >= 1, ">= 1"),
-    ("train.batch_size", lambda v: v >= 1, ">= 1"),
-    ("train.lr", lambda v: v > 0, "> 0"),
-    ("train.min_lr", lambda v: v >= 0, ">= 0"),
-    ("train.weight_decay", lambda v: v >= 0, ">= 0"),
-    ("train.warmup_epochs", lambda v: v >= 0, ">= 0"),
-    ("train.label_smoothing", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("train.mixup", lambda v: v >= 0, ">= 0 (0 = off)"),
-    ("train.cutmix", lambda v: v >= 0, ">= 0 (0 = off)"),
-    ("train.ema_decay", lambda v: 0 < v < 1, "in (0, 1)"),
-    ("train.grad_clip", lambda v: v >= 0, ">= 0 (0 = no clipping)"),
-    ("train.workers", lambda v: v >= 0, ">= 0"),
-    ("eval.batch_size", lambda v: v >= 1, ">= 1"),
-]
-
 
 def model_overrides(model: ImageModelConfig) -> dict[str, int]:
     """The size settings a recipe changed from its arch (0 = keep the arch's)."""
@@ -123,7 +105,6 @@ def validate(recipe: Any, error: Error) -> None:
     from posenc_cli.data.images import IMAGE_DATASETS
     from posenc_cli.models.vit import ARCHS, resolve_arch
 
-    check_limits(recipe, LIMITS, error)
     model, data = recipe.model, recipe.data
     if model.arch not in ARCHS:
         from posenc_cli.params import close_match

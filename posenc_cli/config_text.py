@@ -9,13 +9,13 @@ type cannot say, and ``build_encoding_once`` checks the encoding's parameters.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from posenc_cli.data import TASKS
 from posenc_cli.errors import UsageError
-from posenc_cli.params import Limit, check_limits, close_match
+from posenc_cli.params import bounded, close_match
 
 DEFAULT_ENCODING = "rope"
 ENCODING_DIMS = (1,)  # sequences only
@@ -29,43 +29,50 @@ def _causal(task: str) -> bool:
 
 @dataclass
 class ModelConfig:
-    dim: int = 64  # model width
-    depth: int = 2  # blocks
-    heads: int = 4
-    mlp_ratio: float = 4.0
-    dropout: float = 0.0
-    mem_len: int = 0  # Transformer-XL segment memory length (LM only); 0 = none
+    dim: int = bounded(64, lambda v: v >= 1, ">= 1", most=65_536)  # model width
+    depth: int = bounded(2, lambda v: v >= 1, ">= 1", most=1_024)  # blocks
+    heads: int = bounded(4, lambda v: v >= 1, ">= 1", most=1_024)
+    mlp_ratio: float = bounded(4.0, lambda v: v > 0, "> 0")
+    dropout: float = bounded(0.0, lambda v: 0 <= v < 1, "in [0, 1)")
+    # Transformer-XL segment memory length (LM only); 0 = none
+    mem_len: int = bounded(0, lambda v: v >= 0, ">= 0 (0 = no memory)", most=1_000_000)
 
 
 @dataclass
 class DataConfig:
     task: str = "copy"  # a name of posenc_cli.data.TASKS
-    vocab: int = 16  # symbols for algorithmic tasks (ignored by text)
-    train_lengths: list[int] = field(default_factory=lambda: [5, 20])  # inclusive [min, max]
+    # symbols for algorithmic tasks (ignored by text)
+    vocab: int = bounded(16, lambda v: v >= 2, ">= 2", most=10_000_000)
+    # inclusive [min, max]
+    train_lengths: list[int] = bounded(factory=lambda: [5, 20], most=10_000_000)
     corpus: str | None = None  # text: a file or folder; None = the built-in stdlib corpus
-    val_fraction: float = 0.1  # text: held-out fraction (the tail of the corpus)
+    # text: held-out fraction (the tail of the corpus)
+    val_fraction: float = bounded(0.1, lambda v: 0 < v < 1, "in (0, 1)")
 
 
 @dataclass
 class TrainConfig:
-    steps: int = 1000
-    batch_size: int = 32
-    lr: float = 3e-4
-    weight_decay: float = 0.01
-    warmup: int = 100  # linear warm-up steps, then cosine to 0
-    grad_clip: float = 1.0  # 0 = no clipping
-    eval_every: int = 200
-    eval_batches: int = 8
-    checkpoint_every: int = 200
+    steps: int = bounded(1000, lambda v: v >= 1, ">= 1", most=100_000_000)
+    batch_size: int = bounded(32, lambda v: v >= 1, ">= 1", most=1_000_000)
+    lr: float = bounded(3e-4, lambda v: v > 0, "> 0")
+    weight_decay: float = bounded(0.01, lambda v: v >= 0, ">= 0")
+    # linear warm-up steps, then cosine to 0
+    warmup: int = bounded(100, lambda v: v >= 0, ">= 0", most=100_000_000)
+    grad_clip: float = bounded(1.0, lambda v: v >= 0, ">= 0 (0 = no clipping)")
+    eval_every: int = bounded(200, lambda v: v >= 1, ">= 1", most=100_000_000)
+    eval_batches: int = bounded(8, lambda v: v >= 1, ">= 1", most=1_000_000)
+    checkpoint_every: int = bounded(200, lambda v: v >= 1, ">= 1", most=100_000_000)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     tensorboard: bool = True  # event files beside metrics.jsonl (rank 0)
 
 
 @dataclass
 class EvalConfig:
-    lengths: list[int] = field(default_factory=lambda: [10, 20, 40])  # sizes / text contexts
-    batches: int = 8
-    shift: int = 0  # add K to every position (translation test)
+    # sizes / text contexts
+    lengths: list[int] = bounded(factory=lambda: [10, 20, 40], most=10_000_000)
+    batches: int = bounded(8, lambda v: v >= 1, ">= 1", most=1_000_000)
+    # add K to every position (translation test)
+    shift: int = bounded(0, lambda v: v >= 0, ">= 0", most=1_000_000_000)
 
 
 SECTIONS: dict[str, type] = {
@@ -76,34 +83,8 @@ SECTIONS: dict[str, type] = {
 }
 
 
-# (key, test, requirement): values each field must satisfy
-LIMITS: list[Limit] = [
-    ("seed", lambda v: v >= 0, ">= 0"),
-    ("model.dim", lambda v: v >= 1, ">= 1"),
-    ("model.depth", lambda v: v >= 1, ">= 1"),
-    ("model.heads", lambda v: v >= 1, ">= 1"),
-    ("model.mlp_ratio", lambda v: v > 0, "> 0"),
-    ("model.dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
-    ("model.mem_len", lambda v: v >= 0, ">= 0 (0 = no memory)"),
-    ("data.vocab", lambda v: v >= 2, ">= 2"),
-    ("data.val_fraction", lambda v: 0 < v < 1, "in (0, 1)"),
-    ("train.steps", lambda v: v >= 1, ">= 1"),
-    ("train.batch_size", lambda v: v >= 1, ">= 1"),
-    ("train.lr", lambda v: v > 0, "> 0"),
-    ("train.weight_decay", lambda v: v >= 0, ">= 0"),
-    ("train.warmup", lambda v: v >= 0, ">= 0"),
-    ("train.grad_clip", lambda v: v >= 0, ">= 0 (0 = no clipping)"),
-    ("train.eval_every", lambda v: v >= 1, ">= 1"),
-    ("train.eval_batches", lambda v: v >= 1, ">= 1"),
-    ("train.checkpoint_every", lambda v: v >= 1, ">= 1"),
-    ("eval.batches", lambda v: v >= 1, ">= 1"),
-    ("eval.shift", lambda v: v >= 0, ">= 0"),
-]
-
-
 def validate(recipe: Any, error: Error) -> None:
     """Values that convert but are impossible; the encoding is built once to check its params."""
-    check_limits(recipe, LIMITS, error)
     model, data = recipe.model, recipe.data
     if model.dim % model.heads:
         options = [h for h in (1, 2, 4, 8, 16) if model.dim % h == 0]

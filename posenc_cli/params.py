@@ -7,6 +7,7 @@ declared as ``Literal[...]`` is checked against its options.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
 import math
@@ -114,70 +115,36 @@ def parse_assignments(pairs: typing.Sequence[str]) -> dict[str, Any]:
     return out
 
 
-Limit = tuple[str, Callable[[Any], bool], str]  # (dotted key, test, what the value must be)
+def bounded(
+    default: Any = dataclasses.MISSING,
+    test: Callable[[Any], bool] | None = None,
+    requirement: str = "",
+    *,
+    most: int | None = None,
+    factory: Callable[[], Any] | None = None,
+) -> Any:
+    """A recipe field that carries its own limits: ``test`` (with the ``requirement`` an error
+    names) for the values that convert but are impossible, and ``most``, an upper bound far past
+    any experiment one machine finishes, so that a typo of extra zeros fails at once instead of
+    training for ever or allocating terabytes. A list is checked element by element."""
+    metadata = {"test": test, "requirement": requirement, "most": most}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
-def check_limits(
-    settings: Any, limits: list[Limit], error: Callable[[str, str], Exception]
-) -> None:
-    """Raise ``error(key, problem)`` for the first dotted key whose value fails its test."""
-    for key, test, requirement in limits:
-        value = settings
-        for part in key.split("."):
-            value = getattr(value, part)
-        if not test(value):
-            raise error(key, f"must be {requirement}, got {value!r}")
-
-
-# Upper bounds for every kind's size settings, by dotted key (a kind checks the keys it has):
-# far past any experiment one machine finishes, yet small enough that a typo of extra zeros
-# fails at once instead of training silently for ever or allocating terabytes.
-MAXIMA: dict[str, int] = {
-    "seed": 2**32 - 1,
-    "model.dim": 65_536,
-    "model.depth": 1_024,
-    "model.heads": 1_024,
-    "model.mem_len": 1_000_000,
-    "model.patch_size": 4_096,
-    "model.window": 4_095,
-    "model.enc_layers": 1_024,
-    "model.dec_layers": 1_024,
-    "model.num_queries": 100_000,
-    "data.vocab": 10_000_000,
-    "data.train_lengths": 10_000_000,
-    "data.image_size": 16_384,
-    "data.train_size": 1_000_000_000,
-    "data.val_size": 1_000_000_000,
-    "data.shift": 16_384,
-    "data.shapes_images": 10_000_000,
-    "data.shapes_max_objects": 1_000,
-    "train.steps": 100_000_000,
-    "train.epochs": 1_000_000,
-    "train.batch_size": 1_000_000,
-    "train.warmup": 100_000_000,
-    "train.warmup_epochs": 1_000_000,
-    "train.lr_drop": 1_000_000,
-    "train.eval_every": 100_000_000,
-    "train.eval_batches": 1_000_000,
-    "train.checkpoint_every": 100_000_000,
-    "train.workers": 256,
-    "eval.lengths": 10_000_000,
-    "eval.batches": 1_000_000,
-    "eval.shift": 1_000_000_000,
-    "eval.sizes": 16_384,
-    "eval.shifts": 16_384,
-    "eval.batch_size": 1_000_000,
-    "eval.pictures": 10_000,
-}
-
-
-def check_maxima(settings: Any, error: Callable[[str, str], Exception]) -> None:
-    """Raise ``error(key, problem)`` for the first size setting above its ``MAXIMA`` bound."""
-    for key, bound in MAXIMA.items():
-        value = settings
-        for part in key.split("."):
-            value = getattr(value, part, None)
+def check_fields(settings: Any, prefix: str, error: Callable[[str, str], Exception]) -> None:
+    """Raise ``error(key, problem)`` for the first field of the dataclass ``settings`` (at the
+    dotted ``prefix``) whose value breaks the limits ``bounded`` gave it."""
+    for spec in dataclasses.fields(settings):
+        value = getattr(settings, spec.name)
+        key = f"{prefix}{spec.name}"
         values = value if isinstance(value, list | tuple) else [value]
+        most = spec.metadata.get("most")
         for v in values:
-            if isinstance(v, int | float) and not isinstance(v, bool) and v > bound:
-                raise error(key, f"must be at most {bound:,}, got {v!r}; a typo of extra zeros?")
+            number = isinstance(v, int | float) and not isinstance(v, bool)
+            if most is not None and number and v > most:
+                raise error(key, f"must be at most {most:,}, got {v!r}; a typo of extra zeros?")
+        test = spec.metadata.get("test")
+        if test is not None and not test(value):
+            raise error(key, f"must be {spec.metadata['requirement']}, got {value!r}")
