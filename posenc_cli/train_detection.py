@@ -196,22 +196,18 @@ def train_detection(
             train_step=train_step,
             score=score,
             checkpoint=checkpoint,
-            stats=lambda row: (
-                f"loss {row['train_loss']:.3f}  val AP {row.get('val_AP', 0.0):.1f}  "
-                f"{row['images_per_s']:.0f} img/s"
-            ),
-            lr=lambda: optimizer.param_groups[0]["lr"],
+            optimizer=optimizer,
+            score_name="val AP",
             begin_epoch=begin_epoch,
         ),
-        out=out,
-        world=world,
-        epochs=cfg.epochs,
-        per_epoch=per_epoch,
-        start_epoch=start_epoch,
-        best=best,
-        console=console,
-        tensorboard=cfg.tensorboard,
-        interrupt_at=interrupt_at,
+        out,
+        world,
+        cfg,
+        per_epoch,
+        start_epoch,
+        best,
+        console,
+        interrupt_at,
     )
     summary = {
         "recipe": recipe.source,

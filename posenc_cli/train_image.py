@@ -203,21 +203,17 @@ def train_image(
             train_step=train_step,
             score=score,
             checkpoint=checkpoint,
-            stats=lambda row: (
-                f"loss {row['train_loss']:.3f}  val top-1 {row['val_top1']:.1f}%  "
-                f"{row['images_per_s']:.0f} img/s"
-            ),
-            lr=lambda: optimizer.param_groups[0]["lr"],
+            optimizer=optimizer,
+            score_name="val top-1 %",
         ),
-        out=out,
-        world=world,
-        epochs=cfg.epochs,
-        per_epoch=per_epoch,
-        start_epoch=start_epoch,
-        best=best,
-        console=console,
-        tensorboard=cfg.tensorboard,
-        interrupt_at=interrupt_at,
+        out,
+        world,
+        cfg,
+        per_epoch,
+        start_epoch,
+        best,
+        console,
+        interrupt_at,
     )
     summary = {
         "recipe": recipe.source,

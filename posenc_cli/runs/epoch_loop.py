@@ -33,29 +33,29 @@ class EpochTask:
     train_step: Callable[[int, int, Any], tuple[float, int]]  # (step, epoch, batch) -> loss, images
     score: Callable[[], tuple[dict[str, float], float]]  # -> (validation figures, the score)
     checkpoint: Callable[[Path, int, float], None]  # (path, finished epochs, best score)
-    stats: Callable[[dict[str, Any]], str]  # the log line -> the progress bar's figures
-    lr: Callable[[], float]  # the learning rate to log
+    optimizer: Any  # its first group's learning rate is logged
+    score_name: str  # the score on the progress bar: "val top-1 %", "val AP"
     begin_epoch: Callable[[int], None] = lambda epoch: None
 
 
 def run_epochs(
     task: EpochTask,
-    *,
     out: Path,
     world: World,
-    epochs: int,
+    train: Any,
     per_epoch: int,
     start_epoch: int,
     best: float,
     console: Console,
-    tensorboard: bool,
     interrupt_at: int | None = None,
 ) -> float:
-    """Train from ``start_epoch`` to ``epochs``; returns the best score. ``interrupt_at``
-    simulates a Ctrl-C before that global step (tests use it)."""
+    """Train from ``start_epoch`` to ``train.epochs`` (a task's train section, which also says
+    ``tensorboard``); returns the best score. ``interrupt_at`` simulates a Ctrl-C before that
+    global step (tests use it)."""
+    epochs = train.epochs
     log_path = out / "metrics.jsonl"
     resumed_step = start_epoch * per_epoch + 1 if start_epoch else 0
-    curves = Curves(out, tensorboard and world.main, resumed_step)
+    curves = Curves(out, train.tensorboard and world.main, resumed_step)
     progress = progress_bar(console, world.main)
     t0, images_seen = time.perf_counter(), 0
     try:
@@ -80,13 +80,15 @@ def run_epochs(
                     continue
                 val, score = task.score()
                 rate = images_seen / (time.perf_counter() - t0)
-                row = log_epoch(log_path, epoch, per_epoch, task.lr(), losses, rate, val)
+                lr = task.optimizer.param_groups[0]["lr"]
+                row = log_epoch(log_path, epoch, per_epoch, lr, losses, rate, val)
                 curves.add(row)
                 if score > best:
                     best = score
                     task.checkpoint(out / "best.pt", epoch + 1, best)
                 task.checkpoint(out / "last.pt", epoch + 1, best)
-                progress.update(bar, stats=task.stats(row))
+                stats = f"loss {row['train_loss']:.3f}  {task.score_name} {score:.1f}"
+                progress.update(bar, stats=f"{stats}  {row['images_per_s']:.0f} img/s")
                 world.barrier()
     except RuntimeError as err:
         if not distributed.peer_failure(err, world):
