@@ -30,6 +30,7 @@ SHIPPED = [
     "detection/coco-r50",
     "detection/shapes",
     "image/base",
+    "image/deit-mnist",
     "image/deit-tiny-imagenet",
     "image/encodings",
     "image/irpe-ablation",
