@@ -472,7 +472,6 @@ def _section(cls: type, values: dict[str, Any], name: str, where: _Where) -> Any
 def _encoding(values: dict[str, Any], where: _Where) -> EncodingConfig:
     schema = task_of(where.kind).schema
     name = where.converted(values.get("name", schema.DEFAULT_ENCODING), str, "encoding.name")
-    one_d = [n for n, cls in ENCODINGS.items() if cls.dims == 1]
     valid = [n for n, cls in ENCODINGS.items() if cls.dims in schema.ENCODING_DIMS]
     if name not in ENCODINGS:
         raise where.error(
@@ -483,7 +482,7 @@ def _encoding(values: dict[str, Any], where: _Where) -> EncodingConfig:
         raise where.error(
             "encoding.name",
             f"{name!r} is a 2D (image grid) encoding; {where.kind} tasks need a 1D one: "
-            f"{_valid(one_d)}",
+            f"{_valid(valid)}",
         )
     spec = user_params(name)
     params = {}
@@ -541,7 +540,7 @@ def _build(tree: Tree, where: _Where, notes: list[str], source: str) -> Recipe:
         data=_section(sections["data"], tree["data"], "data", where),
         train=_section(sections["train"], tree["train"], "train", where),
         eval=_section(sections["eval"], tree["eval"], "eval", where),
-        kind=where.kind,  # type: ignore[arg-type]
+        kind=where.kind,
         sweep=_sweep(tree.get("sweep"), where),
         source=source,
         notes=list(notes),

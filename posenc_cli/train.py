@@ -150,8 +150,7 @@ def train(
                 },
             )
 
-    # events past the checkpoint are purged, as the log is cut back to it
-    curves = Curves(out, cfg.tensorboard and world.main, start + 1 if start else 0)
+    curves = Curves(out, cfg.tensorboard and world.main, resumed_at=start)
     progress = progress_bar(console, world.main)
     try:
         with progress:

@@ -180,10 +180,13 @@ def train_detection(
         images, targets = pair
         outputs = trainable(images.to(device))
         loss = criterion(outputs, to_device(targets, device))["loss"]
-        stopped = (
-            f"at step {step + 1}; the last good checkpoint (epoch {epoch}) is kept in "
-            f"{out}; lower train.lr"
-        )
+
+        def stopped() -> str:
+            return (
+                f"at step {step + 1}; the last good checkpoint (epoch {epoch}) is kept in "
+                f"{out}; lower train.lr"
+            )
+
         return optimize(loss, model, optimizer, cfg.grad_clip, stopped), len(images)
 
     def score() -> tuple[dict[str, float], float]:

@@ -165,7 +165,6 @@ def train_image(
         )
 
     def batches(epoch: int):
-        model.train()
         return epoch_loader(
             data.train,
             batch // world.size,
@@ -182,10 +181,13 @@ def train_image(
             images, labels = mixup(images, labels)
         with autocast(device):
             loss = criterion(trainable(images).float(), labels)
-        stopped = (
-            f"at step {step + 1}; the last good checkpoint (epoch {epoch}) is kept "
-            f"in {out}; lower train.lr or set train.grad_clip"
-        )
+
+        def stopped() -> str:
+            return (
+                f"at step {step + 1}; the last good checkpoint (epoch {epoch}) is kept "
+                f"in {out}; lower train.lr or set train.grad_clip"
+            )
+
         value = optimize(loss, model, optimizer, cfg.grad_clip, stopped)
         scheduler.step_update(step + 1)
         if ema is not None:
@@ -205,6 +207,7 @@ def train_image(
             checkpoint=checkpoint,
             optimizer=optimizer,
             score_name="val top-1 %",
+            begin_epoch=lambda epoch: model.train(),
         ),
         out,
         world,

@@ -16,12 +16,15 @@ def tag(key: str) -> str:
 
 
 class Curves:
-    def __init__(self, run_dir: Path, enabled: bool, start_step: int = 0) -> None:
+    def __init__(self, run_dir: Path, enabled: bool, resumed_at: int = 0) -> None:
+        """``resumed_at``: the step of the checkpoint a run goes on from (0 for a new run); the
+        events logged after it are purged."""
         self.writer = None
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step or None)
+            purge = resumed_at + 1 if resumed_at else None
+            self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=purge)
 
     def add(self, row: dict[str, Any]) -> None:
         """One metrics.jsonl line: every number in it at its ``step``."""

@@ -35,7 +35,7 @@ class EpochTask:
     checkpoint: Callable[[Path, int, float], None]  # (path, finished epochs, best score)
     optimizer: Any  # its first group's learning rate is logged
     score_name: str  # the score on the progress bar: "val top-1 %", "val AP"
-    begin_epoch: Callable[[int], None] = lambda epoch: None
+    begin_epoch: Callable[[int], None]  # epoch -> None: train mode, the epoch's learning rate
 
 
 def run_epochs(
@@ -54,8 +54,7 @@ def run_epochs(
     global step (tests use it)."""
     epochs = train.epochs
     log_path = out / "metrics.jsonl"
-    resumed_step = start_epoch * per_epoch + 1 if start_epoch else 0
-    curves = Curves(out, train.tensorboard and world.main, resumed_step)
+    curves = Curves(out, train.tensorboard and world.main, resumed_at=start_epoch * per_epoch)
     progress = progress_bar(console, world.main)
     t0, images_seen = time.perf_counter(), 0
     try:

@@ -21,19 +21,15 @@ from pathlib import Path
 from posenc_cli.errors import UsageError
 
 LOCK_NAME = ".lock"
-_held: dict[Path, int] = {}  # folder -> how many holders in this process
+_held: set[Path] = set()  # folders this process holds
 
 
 @contextmanager
 def hold(folder: Path) -> Iterator[None]:
     """Lock ``folder`` (made if missing) for this process while the block runs."""
     key = folder.resolve()
-    if key in _held:
-        _held[key] += 1
-        try:
-            yield
-        finally:
-            _held[key] -= 1
+    if key in _held:  # held further out in this process: the outer holder releases it
+        yield
         return
     folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
@@ -51,10 +47,10 @@ def hold(folder: Path) -> Iterator[None]:
     os.write(
         fd, f"process {os.getpid()} on {socket.gethostname()} ({command}, since {started})".encode()
     )
-    _held[key] = 1
+    _held.add(key)
     try:
         yield
     finally:
-        del _held[key]
+        _held.discard(key)
         os.ftruncate(fd, 0)  # no stale holder's name for the next reader
         os.close(fd)  # releases the lock
