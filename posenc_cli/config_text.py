@@ -64,6 +64,11 @@ class TrainConfig:
     checkpoint_every: int = bounded(200, lambda v: v >= 1, ">= 1", most=100_000_000)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     tensorboard: bool = True  # event files beside metrics.jsonl (rank 0)
+    # stop once validation exact match at the longest trained size reaches this: the run has
+    # fitted its range, and steps past it are compute the other encodings could use
+    stop_at: float | None = bounded(
+        None, lambda v: v is None or 0 < v <= 1, "in (0, 1], or null to train every step"
+    )
 
 
 @dataclass

@@ -135,6 +135,7 @@ def train(
     eval_length = hi
     tokens_seen, t0 = 0, time.perf_counter()
     step = start
+    fitted = False
     train_tally = Tally()
 
     def checkpoint(path: Path) -> None:
@@ -206,11 +207,14 @@ def train(
                         if val["loss"] < best:
                             best = val["loss"]
                             checkpoint(best_path)
+                        fitted = cfg.stop_at is not None and val["exact_match"] >= cfg.stop_at
                     progress.update(bar, stats=stats_line(row))
-                    world.barrier()
-                if step % cfg.checkpoint_every == 0 or done:
+                    fitted = world.broadcast_flag(fitted)
+                if step % cfg.checkpoint_every == 0 or done or fitted:
                     checkpoint(last)
                 progress.update(bar, completed=step)
+                if fitted:
+                    break
     except KeyboardInterrupt:
         checkpoint(last)
         raise
@@ -226,6 +230,7 @@ def train(
         "task": recipe.data.task,
         "seed": recipe.seed,
         "steps": cfg.steps,
+        "steps_trained": step,  # fewer than steps where train.stop_at ended the run
         "parameters": params,
         "best_val_loss": best,
         "train_lengths": [lo, hi],

@@ -40,6 +40,13 @@ SHIPPED = [
     "text/base",
     "text/code-lm",
     "text/extrapolation",
+    "text/length-gen/addition",
+    "text/length-gen/base",
+    "text/length-gen/copy",
+    "text/length-gen/parity",
+    "text/length-gen/reverse",
+    "text/length-gen/sort",
+    "text/length-gen/summation",
     "text/lm-extrapolation",
     "text/shaw-clip",
     "text/t5-buckets",
@@ -116,7 +123,21 @@ def test_every_shipped_recipe_but_the_base_extends_it():
     for name in SHIPPED:
         raw = yaml.safe_load(files[name].read_text())
         if name.startswith("text/") and name != "text/base":
-            assert raw["extends"] == "base.yaml", name
+            # the length-generalisation base extends text/base from its subfolder
+            parent = "../base.yaml" if name == "text/length-gen/base" else "base.yaml"
+            assert raw["extends"] == parent, name
+
+
+def test_length_generalisation_recipes_share_one_protocol():
+    """Kazemnejad et al.'s sizes: trained on 1-20, tested to 40, every 1D encoding, 3 seeds,
+    the same budget and early stop for all; each task recipe differs only in the task."""
+    tasks = ["addition", "copy", "parity", "reverse", "sort", "summation"]
+    for task in tasks:
+        recipe = load_recipe(f"text/length-gen/{task}")
+        assert recipe.data.task == task and recipe.data.train_lengths == [1, 20]
+        assert recipe.sweep == {"encoding.name": ONE_D, "seed": [0, 1, 2]}
+        assert max(recipe.eval.lengths) == 40 and 20 in recipe.eval.lengths
+        assert recipe.train.stop_at == 0.99 and recipe.train.steps == 6000
 
 
 def test_checkouts_fall_back_to_the_recipes_folder(monkeypatch):

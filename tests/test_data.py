@@ -14,7 +14,7 @@ from posenc_cli.data import IGNORE, TASKS, Batch, Score, Task, build_task, score
 from posenc_cli.data import text as text_module
 from posenc_cli.errors import UsageError
 
-ALGORITHMIC = ["copy", "reverse", "sort", "recall", "addition"]
+ALGORITHMIC = ["copy", "reverse", "sort", "recall", "addition", "summation", "parity"]
 PAD, BOS, SEP, EOS = 0, 1, 2, 3
 
 
@@ -190,6 +190,14 @@ def check_problem(name: str, inp: list[int], out: list[int], vocab: int, offset:
         assert value(ans) == value(a) + value(b)
         assert all(0 <= d < vocab for d in a + b + ans)
         return len(a)
+    elif name in ("summation", "parity"):
+        base = 2 if name == "parity" else vocab
+        assert all(0 <= d < base for d in sym) and len(ans) == 1
+        total = 0
+        for d in sym:
+            total += d
+        assert ans == [total % base]
+        return len(sym)
     assert all(0 <= s < vocab for s in sym + ans)
     return len(sym)
 
@@ -199,6 +207,7 @@ def check_problem(name: str, inp: list[int], out: list[int], vocab: int, offset:
 def test_outputs_are_correct_and_sizes_respected(name: str, vocab: int) -> None:
     task = build_task(Cfg(task=name, vocab=vocab, train_lengths=[2, 6]))
     offset = 5 if name == "addition" else 4
+    vocab = 2 if name == "parity" else vocab  # parity's symbols are bits, whatever vocab says
     assert task.vocab_size == offset + vocab
     sizes = []
     for seed in range(4):
@@ -211,6 +220,15 @@ def test_outputs_are_correct_and_sizes_respected(name: str, vocab: int) -> None:
     for row in b.tokens.tolist():
         inp, out, _ = split_row(row)
         assert check_problem(name, inp, out, vocab, offset) == 9
+
+
+@pytest.mark.parametrize("name", ["summation", "parity"])
+def test_one_token_answers_take_every_value(name: str) -> None:
+    """Both answers occur for parity, all ten residues for summation: not a constant output."""
+    task = build_task(Cfg(task=name, vocab=10))
+    b = task.batch(512, 7, gen(), "test")
+    answers = set((b.tokens[:, -2] - 4).tolist())
+    assert answers == set(range(2 if name == "parity" else 10))
 
 
 def test_addition_produces_carries_and_leading_zeros() -> None:

@@ -89,6 +89,29 @@ def test_resume_after_a_kill_continues_from_the_periodic_checkpoint(tmp_path, mo
     assert steps == [4, 8, 12]
 
 
+def test_stop_at_ends_the_run_once_it_has_fitted(tmp_path, monkeypatch):
+    """The first evaluation at or above train.stop_at ends training there: the checkpoint, the
+    metrics and the summary all say step 8 of 12; without the setting it runs all 12."""
+    import posenc_cli.train as train_module
+
+    real = train_module.evaluate_length
+    calls = []
+
+    def scored(*args, **kwargs):
+        out = real(*args, **kwargs)
+        calls.append(1)
+        return {**out, "exact_match": 0.2 if len(calls) == 1 else 0.995}
+
+    monkeypatch.setattr(train_module, "evaluate_length", scored)
+    summary = train(tiny("train.stop_at=0.99"), tmp_path / "fit")
+    assert summary["steps_trained"] == 8 and summary["steps"] == 12
+    rows = (tmp_path / "fit" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in rows] == [4, 8]
+    assert torch.load(tmp_path / "fit" / "last.pt", weights_only=True)["step"] == 8
+    calls.clear()
+    assert train(tiny(), tmp_path / "all")["steps_trained"] == 12
+
+
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     real_add = Tally.add
     calls = {"n": 0}

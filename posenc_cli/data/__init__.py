@@ -14,9 +14,11 @@ from posenc_cli.data.algorithmic import (
     AlgorithmicTask,
     Copy,
     Layout,
+    Parity,
     Recall,
     Reverse,
     Sort,
+    Summation,
 )
 from posenc_cli.data.batch import IGNORE, Batch, Task
 from posenc_cli.data.scoring import Score, score
@@ -31,6 +33,8 @@ TASKS: dict[str, type[AlgorithmicTask] | type[WordOrder] | type[TextTask]] = {
     "sort": Sort,
     "recall": Recall,
     "addition": Addition,
+    "summation": Summation,
+    "parity": Parity,
     "word-order": WordOrder,
     "text": TextTask,
 }

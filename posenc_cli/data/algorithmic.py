@@ -1,4 +1,5 @@
-"""Procedural sequence-to-sequence tasks for a causal LM: copy, reverse, sort, recall, addition.
+"""Procedural sequence-to-sequence tasks for a causal LM: copy, reverse, sort, recall, addition,
+summation and parity.
 
 Small algorithmic tasks are where length generalisation of position encodings is usually
 measured (Kazemnejad et al. 2023, "The Impact of Positional Encoding on Length Generalization
@@ -30,6 +31,10 @@ Conventions:
   digit i then depends only on input digits i and the carry of the digit just emitted, so a
   left-to-right decoder can compute the sum one digit at a time; most-significant-first would
   need the whole carry chain before the first output digit.
+- summation: n digits in base ``vocab``; the output is one token, their sum modulo ``vocab``
+  (Kazemnejad et al.'s "summation", there in base 10).
+- parity: n bits (``vocab`` is ignored: the symbols are always 0 and 1); the output is one
+  token, 1 when the count of ones is odd. It is summation in base 2.
 """
 
 from __future__ import annotations
@@ -229,6 +234,31 @@ class Addition(AlgorithmicTask):
         plus = torch.full((count, 1), PLUS, dtype=torch.long)
         off = self.symbol_offset
         return torch.cat([a + off, plus, b + off], dim=1), total + off
+
+
+class Summation(AlgorithmicTask):
+    name = "summation"
+
+    def output_length(self, n: int) -> int:
+        return 1
+
+    def base(self) -> int:
+        return self.vocab
+
+    def make(self, count: int, n: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        base, off = self.base(), self.symbol_offset
+        digits = torch.randint(0, base, (count, n), generator=generator)
+        return digits + off, digits.sum(1, keepdim=True) % base + off
+
+
+class Parity(Summation):
+    name = "parity"
+
+    def __init__(self, *, vocab: int = 2, train_lengths: Sequence[int] = (5, 20)) -> None:
+        super().__init__(vocab=2, train_lengths=train_lengths)  # bits, whatever data.vocab says
+
+    def base(self) -> int:
+        return 2
 
 
 def add_digits(a: Tensor, b: Tensor, base: int) -> Tensor:
