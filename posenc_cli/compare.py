@@ -124,9 +124,16 @@ def summarise(values: list[float]) -> dict[str, Any]:
     }
 
 
-def compare(paths: list[Path], baseline: str | None = None) -> dict[str, Any]:
+def compare(
+    paths: list[Path],
+    baseline: str | None = None,
+    fitted_at: float | None = None,
+    fit_metric: str | None = None,
+) -> dict[str, Any]:
     """``{"groups": {label: {length: {metric: {mean, std, ci95, n, values}}}}, "best": {...}}``;
-    with ``baseline`` (a group label) every other group's cells gain ``vs_baseline``."""
+    with ``baseline`` (a group label) every other group's cells gain ``vs_baseline``; with
+    ``fitted_at`` every group gains ``fitted``: its runs whose ``fit_metric`` (the kind's first
+    metric by default) reached that value at the longest trained length."""
     by_group: dict[str, list[dict]] = defaultdict(list)
     for run in find_runs(paths):
         result = read_evaluation(run / "eval.json")
@@ -140,6 +147,7 @@ def compare(paths: list[Path], baseline: str | None = None) -> dict[str, Any]:
         )
     kind = kinds.pop() if kinds else DEFAULT_KIND
     metrics = metrics_of(kind)
+    fit = None if fitted_at is None else (fit_metric or metrics[0], fitted_at)
     for label, results in sorted(by_group.items(), key=lambda item: natural_key(item[0])):
         table: dict[str, dict] = {}
         for length in results[0]["lengths"]:
@@ -157,6 +165,8 @@ def compare(paths: list[Path], baseline: str | None = None) -> dict[str, Any]:
             "train_lengths": results[0].get("train_lengths"),
             "lengths": table,
         }
+        if fit is not None:
+            groups[label]["fitted"] = fitted_runs(results, *fit)
     ordered = sorted(lengths, key=natural_key)
     best: dict[str, dict[str, list[str]]] = {}
     for length in ordered:
@@ -174,9 +184,41 @@ def compare(paths: list[Path], baseline: str | None = None) -> dict[str, Any]:
             # a tie across every group (all 0.000, say) singles nobody out
             best[length][metric] = winners if len(winners) < len(scored) else []
     result = {"kind": kind, "lengths": ordered, "groups": groups, "best": best}
+    if fit is not None:
+        result["fit"] = {"metric": fit[0], "threshold": fit[1]}
     if baseline is not None:
         test_against(result, baseline)
     return result
+
+
+def fitted_runs(results: list[dict[str, Any]], metric: str, threshold: float) -> dict[str, Any]:
+    """Which seeds reached ``threshold`` on ``metric`` at their longest trained length: a figure
+    past the trained range means something only for a model that fitted the range itself.
+    A run not evaluated at that length counts as unknown, not as unfit."""
+    lower = metric in LOWER_IS_BETTER
+    fitted, unfit, unknown = [], [], []
+    for r in results:
+        trained = r.get("train_lengths")
+        value = r["lengths"].get(str(trained[-1]), {}).get(metric) if trained else None
+        if value is None:
+            unknown.append(r["seed"])
+        elif (value <= threshold) if lower else (value >= threshold):
+            fitted.append(r["seed"])
+        else:
+            unfit.append(r["seed"])
+    return {"seeds": sorted(fitted), "unfit": sorted(unfit), "unknown": sorted(unknown)}
+
+
+def seeds_cell(group: dict[str, Any]) -> str:
+    """``3``, or with a fit criterion ``3 (2 fit)``; ``?`` where the trained length was not
+    evaluated."""
+    text = str(len(group["seeds"]))
+    fit = group.get("fitted")
+    if fit is None:
+        return text
+    if fit["unknown"]:
+        return f"{text} (? fit)"
+    return f"{text} ({len(fit['seeds'])} fit)"
 
 
 def test_against(result: dict[str, Any], baseline: str) -> None:
@@ -235,7 +277,7 @@ def test_cell(stats: dict, metric: str) -> str:
 def test_rows(result: dict[str, Any], metric: str) -> list[list[str]]:
     """One row per group other than the baseline, one test cell per length."""
     return [
-        [label, str(len(g["seeds"])), *(test_cell(g["lengths"].get(n, {"error": ""}), metric)
+        [label, seeds_cell(g), *(test_cell(g["lengths"].get(n, {"error": ""}), metric)
                                         for n in result["lengths"])]
         for label, g in result["groups"].items()
         if label != result["baseline"]
@@ -251,8 +293,17 @@ def rows(result: dict[str, Any], metric: str, mark: Callable[[str], str]) -> lis
         for n in result["lengths"]:
             text = cell(g["lengths"].get(n, {"error": ""}), metric)
             cells.append(mark(text) if label in result["best"].get(n, {}).get(metric, []) else text)
-        out.append([label, str(len(g["seeds"])), *cells])
+        out.append([label, seeds_cell(g), *cells])
     return out
+
+
+def fit_note(result: dict[str, Any]) -> str:
+    fit = result["fit"]
+    sign = "<=" if fit["metric"] in LOWER_IS_BETTER else ">="
+    return (
+        f"A run fitted when its {fit['metric']} was {sign} {fit['threshold']:g} at its longest "
+        "trained length; figures past the trained range mean most where every seed fitted."
+    )
 
 
 def markdown(result: dict[str, Any], metric: str) -> str:
@@ -261,6 +312,8 @@ def markdown(result: dict[str, Any], metric: str) -> str:
     lines = [head, "|" + "---|" * (len(lengths) + 2)]
     for row in rows(result, metric, lambda text: f"**{text}**"):
         lines.append("| " + " | ".join(row) + " |")
+    if "fit" in result:
+        lines += ["", fit_note(result)]
     if "baseline" in result:
         lines += ["", f"Against {result['baseline']} (Welch's t-test; * resolved at 5%):", ""]
         lines += [head.replace("| encoding |", "| encoding - baseline |", 1), lines[1]]

@@ -101,3 +101,25 @@ def test_power_stays_defined_for_the_large_effects_a_few_seeds_give():
         assert all(b >= a - 1e-9 for a, b in zip(powers, powers[1:], strict=False))
     assert power(6.29, 2) == pytest.approx(stats.nct.sf(stats.t.ppf(0.975, 2), 2, 6.29), abs=1e-3)
     assert seeds_needed(-19.31) == 2
+
+
+def test_fitted_at_counts_the_seeds_that_fitted_the_trained_range(tmp_path, capsys):
+    """Judged at the longest trained length (8 here) on the table's metric; lower is better
+    for the loss, so the threshold flips there."""
+    write_runs(tmp_path, {"none": [0.5, 0.995, 0.999], "rope": [0.999, 0.999, 0.999]})
+    code, out, err = run(capsys, "compare", str(tmp_path), "--fitted-at", "0.99",
+                         "--format", "json")  # fmt: skip
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["fit"] == {"metric": "token_accuracy", "threshold": 0.99}
+    none = result["groups"]["none"]["fitted"]
+    assert none == {"seeds": [1, 2], "unfit": [0], "unknown": []}
+    assert result["groups"]["rope"]["fitted"]["seeds"] == [0, 1, 2]
+    code, out, _ = run(capsys, "compare", str(tmp_path), "--fitted-at", "0.003",
+                       "--metric", "loss", "--format", "md")  # fmt: skip
+    none_row = next(line for line in out.splitlines() if line.startswith("| none"))
+    assert code == 0 and "| 3 (1 fit) |" in none_row and "<= 0.003" in out
+    code, out, _ = run(capsys, "compare", str(tmp_path), "--fitted-at", "0.99")
+    assert code == 0 and "2 fit" in out and "longest trained length" in out
+    code, _, err = run(capsys, "compare", str(tmp_path), "--fitted-at", "nan")
+    assert code == 2 and "--fitted-at" in err

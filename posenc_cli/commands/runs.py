@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -185,10 +186,18 @@ def compare_command(
             "--baseline", help="Test every encoding against this one (Welch's t-test over seeds)."
         ),
     ] = None,
+    fitted_at: Annotated[
+        float | None,
+        typer.Option(
+            "--fitted-at",
+            help="Count the seeds whose --metric reached this at the longest trained length.",
+        ),
+    ] = None,
 ) -> None:
     """Encodings side by side: mean and 95% confidence interval over seeds at every evaluated
     length; with --baseline, whether each differs from it beyond the spread, the effect size
-    and the seeds that would resolve it.
+    and the seeds that would resolve it; with --fitted-at, how many seeds fitted the trained
+    range, so that figures past it are read for fitted models only.
 
     Example: posenc compare runs/extrapolation --baseline none --format md
     """
@@ -201,7 +210,9 @@ def compare_command(
     known = all_metrics()
     if metric is not None and metric not in known:
         raise UsageError(f"--metric {metric!r}: choose one of {', '.join(known)}")
-    result = compare(runs, baseline)
+    if fitted_at is not None and not math.isfinite(fitted_at):
+        raise UsageError(f"--fitted-at {fitted_at}: give a finite threshold, e.g. 0.99")
+    result = compare(runs, baseline, fitted_at, metric)
     valid = metrics_of(result["kind"])
     metric = metric or valid[0]
     if metric not in valid:
@@ -248,6 +259,10 @@ def show_comparison(result, metric: str, format: CompareFormat) -> None:
     console.print(
         results_table(result, title, rows(result, metric, lambda t: f"[bold green]{t}[/]"))
     )
+    if "fit" in result:
+        from posenc_cli.compare import fit_note
+
+        console.print(fit_note(result))
     if "baseline" in result:
         title = (
             f"{name}, minus {result['baseline']}: Welch's t-test (* resolved at 5%), "
