@@ -17,6 +17,7 @@ from typing import Any
 
 from posenc_cli.errors import UsageError
 from posenc_cli.params import close_match
+from posenc_cli.runs.directory import DIVERGED
 from posenc_cli.statistics import MOST_SEEDS, ci95, welch
 from posenc_cli.tasks import DEFAULT_KIND, TASKS, task_of
 
@@ -32,7 +33,8 @@ def all_metrics() -> list[str]:
     return list(dict.fromkeys(m for task in TASKS.values() for m in task.metrics))
 
 
-def find_runs(paths: list[Path]) -> list[Path]:
+def find_runs(paths: list[Path], marker: str = "eval.json") -> list[Path]:
+    """The run folders below ``paths`` that hold ``marker``: evaluated runs by default."""
     runs: list[Path] = []
     for path in paths:
         if not path.exists():
@@ -42,11 +44,9 @@ def find_runs(paths: list[Path]) -> list[Path]:
                 f"{path}: a file, not a run or sweep directory; give its folder, {path.parent}"
             )
         found = (
-            [path]
-            if (path / "eval.json").is_file()
-            else sorted(p.parent for p in path.rglob("eval.json"))
+            [path] if (path / marker).is_file() else sorted(p.parent for p in path.rglob(marker))
         )
-        if not found:
+        if not found and marker == "eval.json" and not any(path.rglob(DIVERGED)):
             raise UsageError(
                 f"{path}: holds no evaluated run (no eval.json); run `posenc "
                 f"train` or `posenc evaluate` first"
@@ -96,6 +96,23 @@ def read_evaluation(path: Path) -> dict[str, Any]:
     return result
 
 
+def read_divergence(path: Path) -> dict[str, Any]:
+    """A ``diverged.json`` a sweep wrote; damaged, it is one line naming the file."""
+    try:
+        record = json.loads(path.read_text())
+    except ValueError:
+        record = None
+    ok = (
+        isinstance(record, dict)
+        and isinstance(record.get("encoding"), str)
+        and isinstance(record.get("seed"), int)
+        and isinstance(record.get("encoding_params", {}), dict)
+    )
+    if not ok:
+        raise UsageError(f"{path}: damaged; delete it and train that run again to record it")
+    return record
+
+
 def group_label(result: dict[str, Any], run_dir: Path) -> str:
     """The encoding with its parameters, plus any other swept setting named in the run's
     directory (a sweep names runs ``key=value,key=value``); the seed is what varies inside."""
@@ -138,9 +155,19 @@ def compare(
     for run in find_runs(paths):
         result = read_evaluation(run / "eval.json")
         by_group[group_label(result, run)].append(result)
+    diverged: dict[str, list[int]] = defaultdict(list)
+    for run in find_runs(paths, DIVERGED):
+        record = read_divergence(run / DIVERGED)
+        diverged[group_label(record, run)].append(record["seed"])
+        by_group.setdefault(group_label(record, run), [])
     groups: dict[str, dict] = {}
     lengths: set[str] = set()
     kinds = {r.get("kind", DEFAULT_KIND) for results in by_group.values() for r in results}
+    if not kinds and diverged:
+        raise UsageError(
+            f"every run below {', '.join(map(str, paths))} diverged ({DIVERGED}); nothing to "
+            "compare: lower train.lr (or train.grad_clip) and train again"
+        )
     if len(kinds) > 1:
         raise UsageError(
             f"these runs mix kinds ({', '.join(sorted(kinds))}); compare one kind at a time"
@@ -150,7 +177,7 @@ def compare(
     fit = None if fitted_at is None else (fit_metric or metrics[0], fitted_at)
     for label, results in sorted(by_group.items(), key=lambda item: natural_key(item[0])):
         table: dict[str, dict] = {}
-        for length in results[0]["lengths"]:
+        for length in results[0]["lengths"] if results else []:
             cells = [r["lengths"].get(length, {}) for r in results]
             lengths.add(length)
             if any("error" in c for c in cells):
@@ -162,8 +189,9 @@ def compare(
             }
         groups[label] = {
             "seeds": sorted(r["seed"] for r in results),
-            "train_lengths": results[0].get("train_lengths"),
+            "train_lengths": results[0].get("train_lengths") if results else None,
             "lengths": table,
+            "diverged": sorted(diverged.get(label, [])),  # seeds whose loss became NaN
         }
         if fit is not None:
             groups[label]["fitted"] = fitted_runs(results, *fit)
@@ -210,15 +238,16 @@ def fitted_runs(results: list[dict[str, Any]], metric: str, threshold: float) ->
 
 
 def seeds_cell(group: dict[str, Any]) -> str:
-    """``3``, or with a fit criterion ``3 (2 fit)``; ``?`` where the trained length was not
-    evaluated."""
+    """``3``; with a fit criterion ``3 (2 fit)`` (``?`` where the trained length was not
+    evaluated); runs that diverged are counted beside: ``2 (1 diverged)``."""
     text = str(len(group["seeds"]))
+    notes = []
     fit = group.get("fitted")
-    if fit is None:
-        return text
-    if fit["unknown"]:
-        return f"{text} (? fit)"
-    return f"{text} ({len(fit['seeds'])} fit)"
+    if fit is not None:
+        notes.append("? fit" if fit["unknown"] else f"{len(fit['seeds'])} fit")
+    if group.get("diverged"):
+        notes.append(f"{len(group['diverged'])} diverged")
+    return f"{text} ({', '.join(notes)})" if notes else text
 
 
 def test_against(result: dict[str, Any], baseline: str) -> None:

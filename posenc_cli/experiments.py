@@ -23,6 +23,7 @@ from posenc_cli.errors import UsageError
 from posenc_cli.runs import distributed
 from posenc_cli.runs.checkpoint import atomic_write_json
 from posenc_cli.runs.device import pick_device
+from posenc_cli.runs.directory import DIVERGED, TrainingStopped, record_divergence
 from posenc_cli.runs.distributed import World, is_main_process
 from posenc_cli.runs.lock import hold
 from posenc_cli.runs.terminate import Terminated, sigterm_as_interrupt
@@ -44,7 +45,12 @@ def train_and_evaluate(run: Recipe, run_dir: Path, resume: bool, console: Consol
 
 def train_then_evaluate(run: Recipe, run_dir: Path, resume: bool, console: Console) -> None:
     task = task_of(run.kind)
-    task.call("train", run, run_dir, resume=resume, console=console)
+    try:
+        task.call("train", run, run_dir, resume=resume, console=console)
+    except TrainingStopped as err:
+        if is_main_process():
+            record_divergence(run, run_dir, str(err))
+        raise
     if is_main_process():
         task.call("evaluate", run_dir)
 
@@ -63,12 +69,26 @@ def run_recipe(
         todo = plan_runs(runs, dirs, resume, console)
         world.barrier()  # every rank has read the directories before rank 0 writes any
         if jobs > 1 and len(todo) > 1:
-            run_in_workers(todo, jobs, resume, console)
+            diverged = run_in_workers(todo, jobs, resume, console)
         else:
+            diverged = []
             for title, run, run_dir in todo:
                 if len(runs) > 1:
                     console.print(f"[bold]{escape(title)}[/]")
-                train_and_evaluate(run, run_dir, resume, console)
+                try:
+                    train_and_evaluate(run, run_dir, resume, console)
+                except TrainingStopped as err:
+                    if len(runs) == 1:
+                        raise
+                    diverged.append(run_dir)
+                    console.print(f"[yellow]{escape(str(err))}; the sweep goes on[/]")
+        if diverged and world.main:
+            names = ", ".join(d.name for d in diverged)
+            console.print(
+                f"[yellow]{len(diverged)} of {len(runs)} runs diverged ({escape(names)}); each "
+                f"folder holds {DIVERGED}, and compare counts them per encoding[/]",
+                soft_wrap=True,
+            )
         if len(runs) > 1 and world.main:
             atomic_write_json(
                 base / "sweep.json", {"recipe": recipe.source, "runs": [d.name for d in dirs]}
@@ -85,9 +105,12 @@ def plan_runs(
     todo, refused = [], []
     for i, ((name, run), run_dir) in enumerate(zip(runs, dirs, strict=True), 1):
         changes = recipe_changes(run, run_dir) if resume else []
-        if resume and (run_dir / "summary.json").is_file():
+        ended = "finished" if (run_dir / "summary.json").is_file() else None
+        if (run_dir / DIVERGED).is_file():  # it would diverge again: it draws the same batches
+            ended = "diverged"
+        if resume and ended:
             ignored = f"; ignored for it: {', '.join(changes)}" if changes else ""
-            kept = escape(f"{run_dir}: finished earlier, kept as it is{ignored}")
+            kept = escape(f"{run_dir}: {ended} earlier, kept as it is{ignored}")
             console.print(f"[dim]{kept}[/]", soft_wrap=True)
             continue
         if changes:
@@ -158,15 +181,22 @@ def prepare_shared_data(runs: list[Recipe]) -> None:
             task.call("prepare", [run for run in runs if run.kind == kind])
 
 
-def _worker(run: Recipe, run_dir: Path, resume: bool, threads: int) -> str:
+def _worker(run: Recipe, run_dir: Path, resume: bool, threads: int) -> tuple[str, str | None]:
+    """The run's name, and why it diverged if it did (a result of the sweep, not a failure)."""
     torch.set_num_threads(threads)
     with sigterm_as_interrupt():
-        train_and_evaluate(run, run_dir, resume, Console(stderr=True, quiet=True))
-    return run_dir.name
+        try:
+            train_and_evaluate(run, run_dir, resume, Console(stderr=True, quiet=True))
+        except TrainingStopped as err:
+            return run_dir.name, str(err)
+    return run_dir.name, None
 
 
-def run_in_workers(todo: list[tuple[str, Recipe, Path]], jobs: int, resume: bool, console) -> None:
-    """Runs in ``jobs`` spawned processes; the first failure stops the sweep and is raised."""
+def run_in_workers(
+    todo: list[tuple[str, Recipe, Path]], jobs: int, resume: bool, console
+) -> list[Path]:
+    """Runs in ``jobs`` spawned processes; returns the runs that diverged. Any other failure
+    stops the sweep and is raised."""
     from posenc_cli.runs.progress import progress_bar
 
     prepare_shared_data([run for _, run, _ in todo])
@@ -177,11 +207,16 @@ def run_in_workers(todo: list[tuple[str, Recipe, Path]], jobs: int, resume: bool
     with progress, ProcessPoolExecutor(jobs, mp_context=context) as pool:
         bar = progress.add_task("sweep", total=len(todo), stats="")
         pending = {pool.submit(_worker, run, run_dir, resume, threads) for _, run, run_dir in todo}
+        folders = {run_dir.name: run_dir for _, _, run_dir in todo}
+        diverged = []
         try:
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:
-                    name = future.result()  # re-raises a worker's error here
+                    name, why = future.result()  # re-raises a worker's error here
+                    if why is not None:
+                        diverged.append(folders[name])
+                        console.print(f"[yellow]{escape(why)}; the sweep goes on[/]")
                     progress.update(bar, advance=1, stats=f"finished {name}")
         except BaseException as err:
             for future in pending:
@@ -190,3 +225,4 @@ def run_in_workers(todo: list[tuple[str, Recipe, Path]], jobs: int, resume: bool
                 for process in pool._processes.values():
                     process.terminate()  # SIGTERM: each saves its checkpoint and stops
             raise
+    return diverged

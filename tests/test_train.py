@@ -252,3 +252,34 @@ def test_two_process_ddp_run_on_cpu(tmp_path):
     summary = ddp_train(["quickstart", *TINY, "train.steps=4"], out)
     assert summary["world_size"] == 2 and summary["final"]["step"] == 4
     assert not list(out.glob(".*.tmp"))
+
+
+def test_a_run_that_diverges_is_recorded_and_the_sweep_goes_on(tmp_path, capsys, monkeypatch):
+    """A NaN in one encoding is a result: its folder says so, the other runs still train,
+    compare counts it per encoding, and --resume keeps it instead of diverging again."""
+    import posenc_cli.train as train_module
+
+    real = train_module.train
+
+    def alibi_diverges(recipe, out, **kwargs):
+        if recipe.encoding.name == "alibi":
+            out.mkdir(parents=True, exist_ok=True)
+            raise TrainingStopped("loss became nan at step 3; lower train.lr")
+        return real(recipe, out, **kwargs)
+
+    monkeypatch.setattr(train_module, "train", alibi_diverges)
+    args = [a for a in TINY if a != "sweep=null" and not a.startswith("encoding.name")]
+    out = tmp_path / "sweep"
+    sweep = ["sweep=null", "sweep.encoding.name=[none,alibi]", *args]
+    code, _, err = run(capsys, "train", "quickstart", *sweep, "--out", str(out))
+    assert code == 0, err
+    assert "1 of 2 runs diverged" in err and "the sweep goes on" in err
+    record = json.loads((out / "encoding.name=alibi" / "diverged.json").read_text())
+    assert record["encoding"] == "alibi" and record["seed"] == 0 and "nan" in record["reason"]
+    assert (out / "encoding.name=none" / "eval.json").is_file()
+    code, shown, _ = run(capsys, "compare", str(out), "--format", "json")
+    groups = json.loads(shown)["groups"]
+    assert code == 0 and groups["alibi"]["diverged"] == [0] and groups["alibi"]["seeds"] == []
+    assert groups["none"]["diverged"] == []
+    code, _, err = run(capsys, "train", "quickstart", *sweep, "--out", str(out), "--resume")
+    assert code == 0 and "diverged earlier, kept as it is" in err

@@ -11,9 +11,23 @@ from posenc_cli.config import Recipe, dump_recipe
 from posenc_cli.errors import UsageError
 from posenc_cli.runs.checkpoint import atomic_write_text
 
+DIVERGED = "diverged.json"  # a run whose loss became NaN: a result a sweep records
+
 
 class TrainingStopped(RuntimeError):
     """The run cannot go on (a NaN loss); the message says why and what was kept."""
+
+
+def record_divergence(run: Recipe, out: Path, why: str) -> None:
+    """Say in the run's folder that it diverged, with the keys ``compare`` groups runs by, so
+    that a sweep counts divergence per encoding instead of losing the run."""
+    identity = {
+        "kind": run.kind,
+        "encoding": run.encoding.name,
+        "encoding_params": run.encoding.params,
+        "seed": run.seed,
+    }
+    atomic_write_text(out / DIVERGED, json.dumps({**identity, "reason": why}, indent=2))
 
 
 def prepare_directory(out: Path, resume: bool) -> None:
