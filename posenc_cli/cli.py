@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from posenc_cli import __version__
-from posenc_cli.commands import library, profile, runs
+from posenc_cli.commands import library, profile, report, runs
 from posenc_cli.errors import UsageError
 
 app = typer.Typer(
@@ -28,6 +28,7 @@ app.command("train")(runs.train_command)
 app.command("evaluate")(runs.evaluate_command)
 app.command("compare")(runs.compare_command)
 app.command("profile")(profile.profile_command)
+app.command("report")(report.report_command)
 
 
 def show_version(value: bool) -> None:

@@ -39,7 +39,7 @@ def save_bias_maps(maps: list[BiasMap], title: str, out: Path, max_heads: int = 
             fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04).ax.tick_params(labelsize=6)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def _bucket_colormap(count: int):
@@ -96,10 +96,10 @@ def save_bucket_maps(maps: list[BucketMap], title: str, out: Path) -> Path:
         fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
-def _save(fig, out: Path) -> Path:
+def save_figure(fig, out: Path) -> Path:
     """Render in memory, then write atomically: never a half-written picture under the
     user's name."""
     buffer = io.BytesIO()
@@ -133,7 +133,7 @@ def save_length_curves(
     ax.legend(fontsize=7, loc="best")
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def save_loglog(
@@ -168,4 +168,4 @@ def save_loglog(
     ax.legend(fontsize=6, loc="upper left", ncol=2)
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    return _save(fig, out)
+    return save_figure(fig, out)

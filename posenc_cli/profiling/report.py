@@ -12,32 +12,10 @@ from rich.table import Table
 
 from posenc_cli.encodings import encoding_class
 from posenc_cli.profiling.sweep import BASELINE, Point, Result, to_json
+from posenc_cli.report.article import FAMILY as ARTICLE_FAMILY
+from posenc_cli.report.article import says
 
 SCHEMA = "posenc.profile/1"
-
-# The source article's selection table (seed 001, section 4.1): columns "compute complexity"
-# and "long sequences", per family of encodings.
-ARTICLE_COLUMNS = {
-    "absolute": ("low", "poor"),
-    "relative": ("medium", "good"),
-    "rope": ("medium", "excellent"),
-    "alibi": ("low", "excellent"),
-}
-ARTICLE_FAMILY = {
-    "sinusoidal": "absolute",
-    "learned": "absolute",
-    "sincos2d": "absolute",
-    "learned2d": "absolute",
-    "shaw": "relative",
-    "xl": "relative",
-    "t5": "relative",
-    "deberta": "relative",
-    "swin": "relative",
-    "irpe": "relative",
-    "rope": "rope",
-    "rope2d": "rope",
-    "alibi": "alibi",
-}
 
 
 def document(meta: dict[str, Any], results: list[Result]) -> dict[str, Any]:
@@ -162,15 +140,14 @@ def selection_rows(results: list[Result], sizes: list[int]) -> list[dict[str, An
         if r.encoding == BASELINE:
             continue
         family = ARTICLE_FAMILY.get(r.encoding)
-        claim = ARTICLE_COLUMNS.get(family, ("-", "-"))
         p = last_good(r)
         ran = [q.size for q in r.points if q.error is None]
         rows.append(
             {
                 "encoding": r.encoding,
                 "article_family": family,
-                "article_compute": claim[0],
-                "article_long_sequences": claim[1],
+                "article_compute": says(r.encoding, "compute complexity"),
+                "article_long_sequences": says(r.encoding, "long sequences"),
                 "time_ratio": None if p is None else p.time_ratio,
                 "time_exponent": r.time_exponent,
                 "memory_ratio": None if p is None else p.memory_ratio,
