@@ -35,6 +35,7 @@ SHIPPED = [
     "image/encodings",
     "image/irpe-ablation",
     "image/irpe-ablation-v",
+    "image/mnist-resolution",
     "image/resolution",
     "quickstart",
     "text/base",
