@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from posenc_cli.cli import main
-from posenc_cli.encodings import build_encoding
+from posenc_cli.encodings import ENCODINGS, build_encoding
 from posenc_cli.models.attention import Attention
 
 DIM, HEADS = 32, 4
@@ -40,6 +40,7 @@ class Layer(nn.Module):
 
     def __init__(self, name: str, causal: bool = False, **params) -> None:
         super().__init__()
+        causal = causal or ENCODINGS[name].causal_only  # xPos exists only in causal form
         self.encoding = build_encoding(
             name, dim=DIM, heads=HEADS, head_dim=DIM // HEADS, causal=causal, **params
         )

@@ -17,6 +17,15 @@ from posenc_cli.models.text import TextModel, build_text_model, mean_pool
 
 ONE_D = [n for n in ENCODINGS if ENCODINGS[n].dims == 1]
 RELATIVE = [n for n in ONE_D if ENCODINGS[n].family != "absolute"]
+# a classifier attends both ways: the causal-only encodings (xPos) have no form for it
+BIDIRECTIONAL = [n for n in ONE_D if not ENCODINGS[n].causal_only]
+
+
+def kinds_of(names: list[str]) -> list[tuple[str, str]]:
+    """(encoding, kind) for every kind the encoding has a form for."""
+    return [(n, k) for n in names for k in ("lm", "classify") if k == "lm" or n in BIDIRECTIONAL]
+
+
 VOCAB, CLASSES, DIM, DEPTH = 11, 3, 32, 2
 TIGHT = {"atol": 1e-9, "rtol": 1e-9}
 
@@ -47,7 +56,7 @@ def block_inputs(model: TextModel) -> tuple[list[Tensor], list]:
     return seen, handles
 
 
-@pytest.mark.parametrize("name", ONE_D)
+@pytest.mark.parametrize("name", BIDIRECTIONAL)
 def test_lm_and_classifier_shapes(name):
     lm, clf = build(name, "lm"), build(name, "classify")
     assert lm.kind == "lm" and clf.kind == "classify"
@@ -58,8 +67,7 @@ def test_lm_and_classifier_shapes(name):
     assert out.logits.shape == (2, CLASSES) and out.memory is None
 
 
-@pytest.mark.parametrize("kind", ["lm", "classify"])
-@pytest.mark.parametrize("name", ONE_D)
+@pytest.mark.parametrize("name,kind", kinds_of(ONE_D))
 def test_loss_reaches_every_parameter(name, kind):
     model = build(name, kind).train()
     x = tokens(3, 7)
@@ -214,7 +222,7 @@ def test_key_mask_with_memory_covers_memory_and_tokens():
         model(x[:, 4:], memory=first.memory[:1])
 
 
-@pytest.mark.parametrize("name", ONE_D)
+@pytest.mark.parametrize("name", BIDIRECTIONAL)
 def test_classifier_ignores_padding(name):
     model = build(name, "classify")
     x = tokens(2, 8)
@@ -255,8 +263,7 @@ def test_mean_pool_against_a_loop():
     torch.testing.assert_close(mean_pool(x, None), x.mean(1), **TIGHT)
 
 
-@pytest.mark.parametrize("kind", ["lm", "classify"])
-@pytest.mark.parametrize("name", RELATIVE)
+@pytest.mark.parametrize("name,kind", kinds_of(RELATIVE))
 def test_relative_encodings_ignore_offset(name, kind):
     model = build(name, kind)
     x = tokens(2, 7)
@@ -317,3 +324,9 @@ def test_block_is_pre_norm():
     torch.testing.assert_close(got, want, **TIGHT)
     torch.testing.assert_close(new_memory, torch.cat([mem, x], 1)[:, -6:], **TIGHT)
     assert block(x)[1] is None
+
+
+def test_a_causal_only_encoding_is_refused_by_a_classifier():
+    with pytest.raises(UsageError, match="xpos: defined for causal models only"):
+        build("xpos", "classify")
+    assert build("xpos", "lm").kind == "lm"  # and an LM takes it

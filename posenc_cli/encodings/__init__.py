@@ -14,15 +14,19 @@ from posenc_cli.encodings.absolute import LearnedAbsolute, NoPosition, Sinusoida
 from posenc_cli.encodings.alibi import ALiBi
 from posenc_cli.encodings.base import MODEL_ARGS, PositionEncoding
 from posenc_cli.encodings.deberta import DebertaDisentangled
+from posenc_cli.encodings.fire import Fire
 from posenc_cli.encodings.irpe import ImageRPE
+from posenc_cli.encodings.kerple import Kerple
 from posenc_cli.encodings.learned2d import Learned2D
 from posenc_cli.encodings.rope import RotaryEmbedding
 from posenc_cli.encodings.rope2d import Rope2D
+from posenc_cli.encodings.sandwich import Sandwich
 from posenc_cli.encodings.shaw import ShawRelative
 from posenc_cli.encodings.sincos2d import SinCos2D
 from posenc_cli.encodings.swin import SwinBias
 from posenc_cli.encodings.t5 import T5Bias
 from posenc_cli.encodings.xl import TransformerXLRelative
+from posenc_cli.encodings.xpos import XPos
 from posenc_cli.errors import UsageError
 from posenc_cli.params import close_match, convert, signature_params
 
@@ -36,6 +40,11 @@ ENCODINGS: dict[str, type[PositionEncoding]] = {
     "rope": RotaryEmbedding,
     "alibi": ALiBi,
     "deberta": DebertaDisentangled,
+    # published since the source articles (issue 16)
+    "fire": Fire,
+    "kerple": Kerple,
+    "sandwich": Sandwich,
+    "xpos": XPos,
     # image grids (2D positions)
     "sincos2d": SinCos2D,
     "learned2d": Learned2D,
@@ -81,6 +90,8 @@ def build_encoding(name: str, **params: Any) -> PositionEncoding:
     accepted = signature_params(cls.__init__)
     model = {k: params.pop(k) for k in MODEL_ARGS if k in params}
     model = {k: v for k, v in model.items() if k in accepted}
+    if cls.causal_only:
+        model.setdefault("causal", True)  # a caller that says nothing gets the only form
     return cls(**model, **check_params(name, params))
 
 

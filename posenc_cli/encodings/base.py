@@ -46,6 +46,7 @@ class PositionEncoding(nn.Module):
     dims: ClassVar[int] = 1  # 1 for sequences, 2 for image grids
     extrapolates: ClassVar[bool] = True  # runs past the length it was trained at
     per_layer: ClassVar[bool] = False  # own parameters in every layer, else one shared instance
+    causal_only: ClassVar[bool] = False  # defined for causal models alone (xPos)
 
     def __init__(self, *, heads: int = 8, head_dim: int = 64, causal: bool = False) -> None:
         super().__init__()

@@ -1,0 +1,78 @@
+"""FIRE: functional interpolation for relative positions (Li et al. 2023, "Functional
+Interpolation for Relative Positions Improves Long Context Transformers", ICLR 2024).
+
+The bias of query i and key j is a small learned function of their progressive distance:
+
+    b(i, j) = f_theta( psi(i - j) / psi(max(L, i)) ),   psi(x) = log(c x + 1)
+
+``f_theta`` maps one number to one bias per head (an MLP: 1 -> ``hidden`` -> heads, ReLU), and
+``c`` and the threshold ``L`` are learned. Dividing by ``psi(max(L, i))`` maps every distance a
+query can see into [0, 1], whatever the length: what the paper credits for extrapolation.
+With suitable ``f_theta`` it represents T5's buckets, ALiBi and KERPLE.
+
+Conventions:
+- Causal models use ``i - j`` (>= 0 wherever the mask lets a key through); bidirectional ones
+  use ``|i - j|``, so keys on either side at one distance share a bias (the paper's
+  experiments are causal).
+- Initial values: ``c = 0.1``, ``L = 512``, ``hidden = 32``; all three are parameters here.
+  ``c`` is read as ``clamp(c, min=1e-6)`` so ``psi`` stays defined, and ``L`` as at least 1.
+- Cost: while every query position is at most ``L``, all rows share one normaliser and the bias
+  depends on the distance alone; ``f_theta`` then runs once per distinct distance and the
+  result is gathered into ``(1, H, Nq, Nk)``. Past ``L`` each row has its own normaliser and
+  ``f_theta`` runs on all ``Nq * Nk`` pairs (a ``(Nq, Nk, hidden)`` intermediate).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from posenc_cli.encodings.base import PositionEncoding, relative_positions
+from posenc_cli.errors import UsageError
+
+
+class Fire(PositionEncoding):
+    """A learned function of ``psi(i - j) / psi(max(L, i))`` per head."""
+
+    family = "bias"
+    per_layer = True
+
+    def __init__(
+        self,
+        *,
+        hidden: int = 32,
+        c: float = 0.1,
+        threshold: float = 512.0,
+        heads: int = 8,
+        head_dim: int = 64,
+        causal: bool = False,
+    ) -> None:
+        super().__init__(heads=heads, head_dim=head_dim, causal=causal)
+        if hidden < 1 or c <= 0 or threshold < 1:
+            raise UsageError(
+                f"fire: needs hidden >= 1, c > 0 and threshold >= 1, got hidden={hidden}, "
+                f"c={c}, threshold={threshold}"
+            )
+        self.mlp = nn.Sequential(nn.Linear(1, hidden), nn.ReLU(), nn.Linear(hidden, heads))
+        self.c = nn.Parameter(torch.tensor(float(c)))
+        self.threshold = nn.Parameter(torch.tensor(float(threshold)))
+
+    def extra_repr(self) -> str:
+        return f"heads={self.heads}, causal={self.causal}"
+
+    def psi(self, x: Tensor) -> Tensor:
+        return torch.log1p(self.c.to(x.dtype).clamp(min=1e-6) * x)
+
+    def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        dtype = self.mlp[0].weight.dtype  # f_theta runs in its own precision
+        distance = relative_positions(q_pos, k_pos).neg()  # i - j, (Nq, Nk)
+        distance = distance.clamp(min=0) if self.causal else distance.abs()
+        threshold = self.threshold.to(dtype).clamp(min=1.0)
+        rows = q_pos.to(dtype)
+        if bool((rows <= threshold).all()):  # one normaliser: a function of the distance
+            distinct = torch.arange(int(distance.max()) + 1, device=q.device).to(dtype)
+            per_distance = self.mlp((self.psi(distinct) / self.psi(threshold))[:, None])  # (D, H)
+            return per_distance[distance].permute(2, 0, 1).unsqueeze(0)  # (1, H, Nq, Nk)
+        scale = self.psi(torch.maximum(rows, threshold))[:, None]  # (Nq, 1)
+        ratio = self.psi(distance.to(dtype)) / scale  # (Nq, Nk)
+        return self.mlp(ratio[..., None]).permute(2, 0, 1).unsqueeze(0)

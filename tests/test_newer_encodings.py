@@ -1,0 +1,197 @@
+"""FIRE, KERPLE, Sandwich and xPos against literal per-pair implementations of their papers'
+formulas (float64, values and gradients), and the invariances the papers state."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from posenc_cli.encodings import build_encoding
+
+H, D = 4, 8  # heads, head dim
+
+
+def pairs(n: int):
+    return [(i, j) for i in range(n) for j in range(n)]
+
+
+def build(name: str, **params):
+    torch.manual_seed(0)
+    enc = build_encoding(name, dim=H * D, heads=H, head_dim=D, **params).double()
+    return enc
+
+
+def qk(n: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(1, H, n, D, generator=g, dtype=torch.float64) for _ in range(2))
+
+
+def assert_same_values_and_gradients(enc, fast, literal):
+    """``fast`` and ``literal`` are functions of nothing that return tensors of one shape;
+    their values and the gradients of a weighted sum w.r.t. every parameter must agree."""
+    a, b = fast(), literal()
+    torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+    weights = torch.randn(a.shape, generator=torch.Generator().manual_seed(9), dtype=a.dtype)
+    params = [p for p in enc.parameters() if p.requires_grad]
+    if params:
+        ga = torch.autograd.grad((a * weights).sum(), params, allow_unused=True)
+        gb = torch.autograd.grad((literal() * weights).sum(), params, allow_unused=True)
+        for x, y in zip(ga, gb, strict=True):
+            torch.testing.assert_close(x, y, atol=1e-10, rtol=1e-10)
+
+
+# --- KERPLE ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kernel", ["log", "power"])
+def test_kerple_is_its_kernel_per_pair(kernel):
+    enc = build("kerple", kernel=kernel)
+    n = 7
+    pos = torch.arange(n)
+    q, k = qk(n)
+
+    def literal():
+        out = torch.zeros(1, H, n, n, dtype=torch.float64)
+        for h in range(H):
+            r1 = enc.r1[h].clamp(min=0.01)
+            r2 = enc.r2[h].clamp(min=0.01) if kernel == "log" else enc.r2[h].clamp(0.01, 2.0)
+            for i, j in pairs(n):
+                d = abs(i - j)
+                if kernel == "log":
+                    out[0, h, i, j] = -r1 * torch.log1p(r2 * d)
+                else:
+                    out[0, h, i, j] = 0.0 if d == 0 else -r1 * d**r2
+        return out
+
+    assert_same_values_and_gradients(enc, lambda: enc.bias(q, k, pos, pos), literal)
+
+
+def test_kerple_parameters_stay_positive_as_published():
+    enc = build("kerple", kernel="power")
+    with torch.no_grad():
+        enc.r1.fill_(-3.0)
+        enc.r2.fill_(5.0)
+    b = enc.bias(*qk(4), torch.arange(4), torch.arange(4))
+    # r1 read as 0.01, r2 as 2: -0.01 * d^2
+    torch.testing.assert_close(b[0, 0, 0, 3], torch.tensor(-0.09, dtype=torch.float64))
+
+
+# --- Sandwich -------------------------------------------------------------------------------
+
+
+def test_sandwich_is_the_inner_product_of_sinusoids_per_pair():
+    enc = build("sandwich", width=16)
+    n = 9
+    pos = torch.arange(n) + 5
+    q, k = qk(n)
+
+    def literal():
+        out = torch.zeros(1, H, n, n, dtype=torch.float64)
+        for h in range(H):
+            for i, j in pairs(n):
+                total = sum(math.cos((i - j) / 10000 ** (2 * m / 16)) for m in range(1, 9))
+                out[0, h, i, j] = (total - 8) / (8 * (h + 1) / H)
+        return out
+
+    assert_same_values_and_gradients(enc, lambda: enc.bias(q, k, pos, pos), literal)
+    b = enc.bias(q, k, pos, pos)
+    assert float(b.max()) == pytest.approx(0.0) and (b.diagonal(dim1=-2, dim2=-1) == 0).all()
+
+
+# --- FIRE -----------------------------------------------------------------------------------
+
+
+def fire_literal(enc, q_pos, k_pos, causal: bool):
+    c = enc.c.clamp(min=1e-6)
+    L = enc.threshold.clamp(min=1.0)
+    out = torch.zeros(1, H, len(q_pos), len(k_pos), dtype=torch.float64)
+    for a, i in enumerate(q_pos.tolist()):
+        for b, j in enumerate(k_pos.tolist()):
+            d = max(i - j, 0) if causal else abs(i - j)
+            x = torch.log(c * d + 1) / torch.log(c * torch.maximum(L, torch.tensor(float(i))) + 1)
+            out[0, :, a, b] = enc.mlp(x.view(1, 1))[0]
+    return out
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("threshold", [512.0, 4.0])  # below L: one normaliser; past it: per row
+def test_fire_is_its_formula_per_pair(causal, threshold):
+    enc = build("fire", causal=causal, threshold=threshold)
+    pos = torch.arange(10)
+    q, k = qk(10)
+    assert_same_values_and_gradients(
+        enc, lambda: enc.bias(q, k, pos, pos), lambda: fire_literal(enc, pos, pos, causal)
+    )
+
+
+def test_fire_sees_only_the_distance_and_the_normaliser():
+    """Below L two pairs at one distance share a bias wherever they sit; past L the query's
+    position enters through psi(max(L, i)) alone."""
+    enc = build("fire", causal=True, threshold=8.0)
+    q, k = qk(30)
+    b = enc.bias(q, k, torch.arange(30), torch.arange(30))[0]
+    torch.testing.assert_close(b[:, 5, 2], b[:, 8, 5])  # i - j = 3, both rows <= L
+    assert not torch.allclose(b[:, 20, 17], b[:, 25, 22])  # past L: normalisers differ
+    # only the ratio psi(i - j) / psi(max(L, i)) matters: with c = 1 and L = 8, the pair
+    # (15, 12) reads log 4 / log 16 and the pair (5, 3) log 3 / log 9, both 1/2
+    enc.c.data.fill_(1.0)
+    b = enc.bias(q, k, torch.arange(30), torch.arange(30))[0]
+    torch.testing.assert_close(b[:, 15, 12], b[:, 5, 3])
+    assert not torch.allclose(b[:, 15, 12], b[:, 5, 2])
+
+
+# --- xPos -----------------------------------------------------------------------------------
+
+
+def xpos_literal_scores(enc, q, k, q_pos, k_pos):
+    """q_m . k_n with every pair rotated by its own 2 x 2 matrix and scaled by
+    zeta^(+m/B) and zeta^(-n/B), no centring."""
+    out = torch.zeros(1, H, len(q_pos), len(k_pos), dtype=torch.float64)
+    B = enc.scale_base
+    for a, m in enumerate(q_pos.tolist()):
+        for b, n in enumerate(k_pos.tolist()):
+            total = torch.zeros(H, dtype=torch.float64)
+            for c in range(D // 2):
+                theta = 10000 ** (-2 * c / D)
+                zeta = (2 * c / D + enc.gamma) / (1 + enc.gamma)
+                rot = lambda t: torch.tensor(  # noqa: E731
+                    [[math.cos(t), -math.sin(t)], [math.sin(t), math.cos(t)]], dtype=torch.float64
+                )
+                qm = rot(m * theta) @ q[0, :, a, 2 * c : 2 * c + 2].T * zeta ** (m / B)
+                kn = rot(n * theta) @ k[0, :, b, 2 * c : 2 * c + 2].T * zeta ** (-n / B)
+                total += (qm * kn).sum(0)
+            out[0, :, a, b] = total
+    return out
+
+
+def test_xpos_scores_are_the_papers_per_pair():
+    enc = build("xpos")
+    pos = torch.arange(6) + 100
+    q, k = qk(6)
+
+    def fast():
+        rq, rk = enc.rotate(q, k, pos, pos)
+        return rq @ rk.transpose(-2, -1)
+
+    torch.testing.assert_close(fast(), xpos_literal_scores(enc, q, k, pos, pos))
+
+
+def test_xpos_scores_depend_on_m_minus_n_alone_and_decay():
+    enc = build("xpos")
+    q, k = qk(1)
+    score = lambda m, n: enc.rotate(q, k, torch.tensor([m]), torch.tensor([n]))  # noqa: E731
+    near = [(a @ b.transpose(-2, -1)) for a, b in [score(50, 40), score(950, 940)]]
+    torch.testing.assert_close(near[0], near[1])
+    # with q = k on every pair, the score at distance 0 is |q|^2; far away it is damped
+    same = torch.ones(1, H, 1, D, dtype=torch.float64)
+    rq, rk = enc.rotate(same, same, torch.tensor([3000]), torch.tensor([0]))
+    assert float((rq * rk).sum(-1).abs().max()) < D
+
+
+def test_xpos_refuses_a_bidirectional_model():
+    from posenc_cli.errors import UsageError
+
+    with pytest.raises(UsageError, match="causal models only"):
+        build_encoding("xpos", heads=H, head_dim=D, causal=False)
