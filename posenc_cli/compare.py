@@ -18,7 +18,7 @@ from typing import Any
 from posenc_cli.errors import UsageError
 from posenc_cli.params import close_match
 from posenc_cli.runs.directory import DIVERGED
-from posenc_cli.statistics import MOST_SEEDS, ci95, welch
+from posenc_cli.statistics import MOST_SEEDS, ci95, paired, welch
 from posenc_cli.tasks import DEFAULT_KIND, TASKS, task_of
 
 LOWER_IS_BETTER = {"loss", "perplexity"}
@@ -131,13 +131,14 @@ def natural_key(label: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", label)]
 
 
-def summarise(values: list[float]) -> dict[str, Any]:
+def summarise(values: list[float], seeds: list[int]) -> dict[str, Any]:
     return {
         "mean": statistics.fmean(values),
         "std": statistics.stdev(values) if len(values) > 1 else 0.0,
         "ci95": ci95(values),  # half-width; None for one seed
         "n": len(values),
         "values": values,  # one per seed, for the tests against a baseline
+        "seeds": seeds,  # the seed of each value, for the paired test
     }
 
 
@@ -184,8 +185,11 @@ def compare(
                 table[length] = {"error": next(c["error"] for c in cells if "error" in c)}
                 continue
             # a metric some run lacks (COCO's AP of a size no object has) is left out
+            seeds = [r["seed"] for r in results]
             table[length] = {
-                m: summarise([c[m] for c in cells]) for m in metrics if all(m in c for c in cells)
+                m: summarise([c[m] for c in cells], seeds)
+                for m in metrics
+                if all(m in c for c in cells)
             }
         groups[label] = {
             "seeds": sorted(r["seed"] for r in results),
@@ -269,6 +273,10 @@ def test_against(result: dict[str, Any], baseline: str) -> None:
                 other = base.get(length, {}).get(metric)
                 if isinstance(stats, dict) and other is not None:
                     stats["vs_baseline"] = welch(stats["values"], other["values"])
+                    stats["vs_baseline"]["paired"] = paired(
+                        dict(zip(stats["seeds"], stats["values"], strict=True)),
+                        dict(zip(other["seeds"], other["values"], strict=True)),
+                    )
 
 
 def column_title(result: dict[str, Any], key: str) -> str:
@@ -289,8 +297,9 @@ def cell(stats: dict, metric: str) -> str:
 
 
 def test_cell(stats: dict, metric: str) -> str:
-    """``+0.031 (p 0.012, d 1.9, 4 seeds)``: the difference from the baseline, Welch's p, the
-    effect size and the seeds per encoding that would resolve it."""
+    """``+0.031 (p 0.012, paired p 0.004*, d 1.9, 4 seeds)``: the difference from the
+    baseline, Welch's p, the paired p over the seeds both share (where there are two or more),
+    the effect size and the seeds per encoding that would resolve it."""
     test = stats.get(metric, {}).get("vs_baseline") if "error" not in stats else None
     if not test:
         return "n/a"
@@ -300,7 +309,11 @@ def test_cell(stats: dict, metric: str) -> str:
     needed = test["seeds_needed"]
     seeds = f"{needed} seeds" if needed else f"> {MOST_SEEDS} seeds"
     mark = "*" if test["resolved"] else ""
-    return f"{test['diff']:+.3f}{mark} (p {test['p']:.3f}, d {d}, {seeds})"
+    pair = test.get("paired") or {}
+    by_seed = ""
+    if pair.get("p") is not None:
+        by_seed = f", paired p {pair['p']:.3f}{'*' if pair['resolved'] else ''}"
+    return f"{test['diff']:+.3f}{mark} (p {test['p']:.3f}{by_seed}, d {d}, {seeds})"
 
 
 def test_rows(result: dict[str, Any], metric: str) -> list[list[str]]:
@@ -344,7 +357,12 @@ def markdown(result: dict[str, Any], metric: str) -> str:
     if "fit" in result:
         lines += ["", fit_note(result)]
     if "baseline" in result:
-        lines += ["", f"Against {result['baseline']} (Welch's t-test; * resolved at 5%):", ""]
+        lines += [
+            "",
+            f"Against {result['baseline']} (Welch's t-test, then the paired t-test over "
+            "shared seeds; * resolved at 5%):",
+            "",
+        ]
         lines += [head.replace("| encoding |", "| encoding - baseline |", 1), lines[1]]
         lines += ["| " + " | ".join(row) + " |" for row in test_rows(result, metric)]
     return "\n".join(lines)

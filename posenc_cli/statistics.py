@@ -95,6 +95,20 @@ def welch(a: list[float], b: list[float]) -> dict[str, float | int | bool | None
     return out
 
 
+def paired(a: dict[int, float], b: dict[int, float]) -> dict[str, float | int | bool | None]:
+    """The paired t-test over the seeds both have (``seed -> value``): runs of one seed share
+    the data split and the batch order, so their difference removes that part of the spread.
+    None-valued fields where fewer than two seeds are shared or the differences are all equal."""
+    common = sorted(set(a) & set(b))
+    out: dict[str, float | int | bool | None] = {"seeds": len(common), "t": None, "p": None}
+    differences = [a[s] - b[s] for s in common]
+    if len(common) >= 2 and statistics.variance(differences) > 0:
+        t, p = stats.ttest_rel([a[s] for s in common], [b[s] for s in common])
+        out.update(t=float(t), p=float(p))
+    out["resolved"] = out["p"] is not None and out["p"] < ALPHA
+    return out
+
+
 def finite(x: float) -> float | None:
     """``x``, or None where it is infinite (two spreads of zero): JSON has no infinity."""
     return x if math.isfinite(x) else None

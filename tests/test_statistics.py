@@ -11,7 +11,7 @@ import statistics
 import pytest
 from scipy import stats
 
-from posenc_cli.statistics import ci95, cohens_d, power, seeds_needed, welch
+from posenc_cli.statistics import ci95, cohens_d, paired, power, seeds_needed, welch
 from tests.helpers import run
 
 A = [0.81, 0.84, 0.79, 0.83, 0.80]
@@ -123,3 +123,27 @@ def test_fitted_at_counts_the_seeds_that_fitted_the_trained_range(tmp_path, caps
     assert code == 0 and "2 fit" in out and "longest trained length" in out
     code, _, err = run(capsys, "compare", str(tmp_path), "--fitted-at", "nan")
     assert code == 2 and "--fitted-at" in err
+
+
+def test_the_paired_test_matches_scipy_over_shared_seeds():
+    a = {0: 0.81, 1: 0.84, 2: 0.79, 3: 0.83, 7: 0.5}
+    b = {0: 0.80, 1: 0.82, 2: 0.78, 3: 0.80, 9: 0.9}  # seeds 7 and 9 have no partner
+    got = paired(a, b)
+    want = stats.ttest_rel([0.81, 0.84, 0.79, 0.83], [0.80, 0.82, 0.78, 0.80])
+    assert got["seeds"] == 4 and got["p"] == pytest.approx(want.pvalue)
+    assert got["t"] == pytest.approx(want.statistic) and got["resolved"] == (want.pvalue < 0.05)
+    assert paired({0: 1.0}, {0: 0.5})["p"] is None  # one shared seed: nothing to test
+    assert paired({0: 1.0, 1: 2.0}, {0: 0.5, 1: 1.5})["p"] is None  # a constant difference
+
+
+def test_compare_pairs_runs_by_seed_not_by_order(tmp_path, capsys):
+    """Seeds 0-10 sort as 0, 1, 10, 2 ... by folder name; the pairs must still match seeds."""
+    a = [0.5 + 0.01 * s + (0.002 if s % 2 else 0.0) for s in range(11)]
+    b = [0.5 + 0.01 * s for s in range(11)]
+    write_runs(tmp_path, {"none": b, "alibi": a})
+    code, out, err = run(capsys, "compare", str(tmp_path), "--baseline", "none", "--format", "json")
+    assert code == 0, err
+    test = json.loads(out)["groups"]["alibi"]["lengths"]["8"]["token_accuracy"]["vs_baseline"]
+    want = stats.ttest_rel(a, b).pvalue
+    assert test["paired"]["p"] == pytest.approx(want) and test["paired"]["seeds"] == 11
+    assert test["p"] > 0.5 and test["paired"]["resolved"]  # pairing sees what Welch cannot

@@ -265,8 +265,8 @@ def show_comparison(result, metric: str, format: CompareFormat) -> None:
         console.print(fit_note(result))
     if "baseline" in result:
         title = (
-            f"{name}, minus {result['baseline']}: Welch's t-test (* resolved at 5%), "
-            "Cohen's d, seeds per encoding to resolve it"
+            f"{name}, minus {result['baseline']}: Welch's t-test, the paired t-test over the "
+            "seeds both share (* resolved at 5%), Cohen's d, seeds per encoding to resolve it"
         )
         console.print(results_table(result, title, test_rows(result, metric)))
 
