@@ -36,6 +36,8 @@ class ModelConfig:
     dropout: float = bounded(0.0, lambda v: 0 <= v < 1, "in [0, 1)")
     # Transformer-XL segment memory length (LM only); 0 = none
     mem_len: int = bounded(0, lambda v: v >= 0, ">= 0 (0 = no memory)", most=1_000_000)
+    # randomized positions (Ruoss et al. 2023): a sorted random subset of [0, N); 0 = off
+    random_positions: int = bounded(0, lambda v: v >= 0, ">= 0 (0 = off)", most=100_000_000)
 
 
 @dataclass
@@ -122,6 +124,32 @@ def validate(recipe: Any, error: Error) -> None:
     if model.mem_len and not _causal(data.task):
         raise error(
             "model.mem_len", f"memory needs a language-model task, not {data.task!r}; set it to 0"
+        )
+    if model.random_positions:
+        check_random_positions(recipe, error)
+
+
+def longest_training_sequence(data: Any) -> int:
+    """Tokens in the longest training sequence: an algorithmic task's layout, else the length."""
+    cls = TASKS[data.task]
+    if hasattr(cls, "layout"):
+        return cls.from_config(data).layout(data.train_lengths[1]).length
+    return data.train_lengths[1]
+
+
+def check_random_positions(recipe: Any, error: Error) -> None:
+    """Randomized positions that change nothing are an error, not a silent no-op."""
+    span, key = recipe.model.random_positions, "model.random_positions"
+    if recipe.encoding.name == "none":
+        raise error(key, "encoding none reads no positions, so drawing them changes nothing")
+    if recipe.model.mem_len:
+        raise error(key, "Transformer-XL memory counts positions across segments; set mem_len 0")
+    longest = longest_training_sequence(recipe.data)
+    if span <= longest:
+        raise error(
+            key,
+            f"{span} <= the {longest} tokens of the longest training sequence: every position "
+            f"would be drawn, a no-op; set it well above the longest test sequence (or 0)",
         )
 
 

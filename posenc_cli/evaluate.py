@@ -122,6 +122,7 @@ def evaluate_run(
                 recipe.train.batch_size,
                 device,
                 offset=shift,
+                span=recipe.model.random_positions,
             )
         except UsageError as err:  # e.g. a learned table shorter than this length
             rows[str(length)] = {"error": str(err)}

@@ -20,6 +20,7 @@ from rich.console import Console
 from posenc_cli.config import Recipe
 from posenc_cli.data import build_task
 from posenc_cli.metrics import Tally
+from posenc_cli.models.positions import random_positions
 from posenc_cli.models.text import build_text_model
 from posenc_cli.runs import distributed
 from posenc_cli.runs.checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
@@ -67,19 +68,33 @@ class Segments:
         return window[:, :-1], window[:, 1:]
 
 
+def drawn_positions(span: int, tokens: torch.Tensor, gen: torch.Generator):
+    """Randomized positions for this batch when ``span`` (model.random_positions) is set."""
+    return random_positions(tokens.shape[1], span, gen) if span else None
+
+
 @torch.no_grad()
 def evaluate_length(
-    model, task, length: int, batches: int, batch_size: int, device, offset: int = 0
+    model,
+    task,
+    length: int,
+    batches: int,
+    batch_size: int,
+    device,
+    offset: int = 0,
+    span: int = 0,
 ) -> dict[str, float]:
-    """Mean metrics over ``batches`` fixed test batches of problem size ``length``."""
+    """Mean metrics over ``batches`` fixed test batches of problem size ``length``; with
+    ``span``, positions drawn by training's rule (after the batch, from its generator)."""
     model.eval()
     tally = Tally()
     for i in range(batches):
         gen = torch.Generator().manual_seed(EVAL_SEED + 1000 * length + i)
         batch = task.batch(batch_size, length, gen, "test")
         mask = None if batch.key_mask is None else batch.key_mask.to(device)
+        positions = drawn_positions(span, batch.tokens, gen)
         with autocast(device):
-            out = model(batch.tokens.to(device), key_mask=mask, offset=offset)
+            out = model(batch.tokens.to(device), key_mask=mask, offset=offset, positions=positions)
         tally.add(out.logits, batch.targets.to(device))
     model.train()
     return tally.summary()
@@ -133,6 +148,7 @@ def train(
     params = sum(p.numel() for p in model.parameters())
     lo, hi = recipe.data.train_lengths
     eval_length = hi
+    span = recipe.model.random_positions  # 0: positions 0 .. T - 1
     tokens_seen, t0 = 0, time.perf_counter()
     step = start
     fitted = False
@@ -170,11 +186,13 @@ def train(
                     length = int(torch.randint(lo, hi + 1, (1,), generator=gen))
                     batch = task.batch(cfg.batch_size, length, gen, "train")
                     tokens, targets, key_mask = batch.tokens, batch.targets, batch.key_mask
+                positions = drawn_positions(span, tokens, gen)
                 with autocast(device):
                     output = trainable(
                         tokens.to(device),
                         key_mask=None if key_mask is None else key_mask.to(device),
                         memory=memory,
+                        positions=positions,
                     )
                 loss = train_tally.add(output.logits, targets.to(device))
                 optimize(
@@ -199,7 +217,13 @@ def train(
                     train_tally = Tally()
                     if world.main:
                         val = evaluate_length(
-                            model, task, eval_length, cfg.eval_batches, cfg.batch_size, device
+                            model,
+                            task,
+                            eval_length,
+                            cfg.eval_batches,
+                            cfg.batch_size,
+                            device,
+                            span=span,
                         )
                         row.update({f"val_{k}": v for k, v in val.items()})
                         append_metrics(log_path, row)

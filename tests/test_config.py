@@ -45,6 +45,7 @@ SHIPPED = [
     "text/length-gen/addition",
     "text/length-gen/base",
     "text/length-gen/copy",
+    "text/length-gen/copy-randomized",
     "text/length-gen/parity",
     "text/length-gen/reverse",
     "text/length-gen/sort",
@@ -134,6 +135,9 @@ def test_length_generalisation_recipes_share_one_protocol():
     """Kazemnejad et al.'s sizes: trained on 1-20, tested to 40, every 1D encoding, 3 seeds,
     the same budget and early stop for all; each task recipe differs only in the task."""
     tasks = ["addition", "copy", "parity", "reverse", "sort", "summation"]
+    randomized = load_recipe("text/length-gen/copy-randomized")
+    assert randomized.model.random_positions == 256 and randomized.data.task == "copy"
+    assert randomized.sweep["encoding.name"] == [n for n in ONE_D if n != "none"]
     for task in tasks:
         recipe = load_recipe(f"text/length-gen/{task}")
         assert recipe.data.task == task and recipe.data.train_lengths == [1, 20]

@@ -131,13 +131,20 @@ class TextModel(nn.Module):
         key_mask: Tensor | None = None,
         memory: list[Tensor] | None = None,
         offset: int = 0,
+        positions: Tensor | None = None,
     ) -> ModelOutput:
         """``tokens`` (B, T) long; ``key_mask`` (B, T), or (B, M + T) with memory, True = real
         token; ``memory`` per block (B, M, D) from the previous segment's output; ``offset`` added
-        to every position."""
+        to every position; ``positions`` (T,) replaces ``0 .. T - 1`` (randomized positions)."""
         B, T = tokens.shape
         M = self.memory_length(memory, key_mask, T)
-        positions = torch.arange(offset + M, offset + M + T, device=tokens.device)
+        explicit = None  # the blocks count from ``offset`` themselves unless told otherwise
+        if positions is None:
+            positions = torch.arange(offset + M, offset + M + T, device=tokens.device)
+        elif memory is not None or positions.shape != (T,):
+            raise ValueError(f"positions must be (T,) = ({T},) and come without memory")
+        else:
+            positions = explicit = positions.to(tokens.device) + offset
         x = self.token_embedding(tokens)  # (B, T, D)
         x = self.drop(self.input_encoding.embed(x, positions))
         new_memory: list[Tensor] | None = [] if self.mem_len else None
@@ -147,6 +154,7 @@ class TextModel(nn.Module):
                 memory=None if memory is None else memory[layer],
                 key_mask=key_mask,
                 offset=offset,
+                positions=explicit,
                 mem_len=self.mem_len,
             )
             if new_memory is not None:
