@@ -5,18 +5,12 @@ Su et al. 2021/2024, "RoFormer: Enhanced Transformer with Rotary Position Embedd
 ``theta_i = base^(-2i/r)`` for ``i = 0 .. r/2 - 1`` (``r`` the rotated width), so ``q_m . k_n``
 depends on ``m - n`` only.
 
-Scalings of the frequencies, for running past the trained context ``original_length``:
-
-- ``linear``: Chen et al. 2023, "Extending Context Window of Large Language Models via Positional
-  Interpolation": ``theta_i / factor`` (position ``factor * p`` looks like position ``p``).
-- ``ntk``: the "NTK-aware" base change (bloc97, 2023): ``base' = base * factor^(r/(r-2))``.
-- ``yarn``: Peng et al. 2023, "YaRN: Efficient Context Window Extension of Large Language Models".
-  Pair ``i`` completes ``original_length * theta_i / (2 pi)`` turns over the trained context; pairs
-  with more than ``beta_fast`` (32) turns keep their frequency, pairs with fewer than ``beta_slow``
-  (1) are interpolated (``theta_i / factor``), with a linear ramp in between. The ramp ends are the
-  reference code's ``floor``/``ceil`` of ``r ln(L / (2 pi beta)) / (2 ln base)``, clamped to
-  ``[0, r - 1]``. The attention temperature ``sqrt(1/t) = 0.1 ln(factor) + 1`` multiplies cos and
-  sin, so both q and k carry it and the logits grow by ``(0.1 ln(factor) + 1)^2``.
+Scalings of the frequencies, for running past the trained context ``original_length``, are in
+``rope_scaling`` with their formulas: ``linear`` (position interpolation), ``ntk`` (static base
+change), ``dynamic`` (HF's dynamic NTK), ``yarn`` (with DeepSeek's ``mscale`` pair), ``llama3``
+and ``longrope``. The attention factor of yarn and longrope multiplies cos and sin, so both q and
+k carry it and the logits grow by its square. ``partial="proportional"`` divides the exponent by
+the head dimension instead of the rotated width when ``fraction < 1``.
 
 Conventions:
 
@@ -39,29 +33,25 @@ Conventions:
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import torch
 from torch import Tensor
 
 from posenc_cli.encodings.base import PositionEncoding
+from posenc_cli.encodings.rope_scaling import (
+    LENGTH_DEPENDENT,
+    RopeScaling,
+    Scaling,
+    frequencies,
+)
+from posenc_cli.encodings.rope_scaling import mscale as yarn_mscale  # noqa: F401 (re-exported)
 from posenc_cli.errors import UsageError
 
 Layout = Literal["interleaved", "half"]
-Scaling = Literal["none", "linear", "ntk", "yarn"]
+Partial = Literal["neox", "proportional"]
 
 _MAX_CACHED = 16  # table entries kept per instance; a training run needs one or two
-
-
-def yarn_correction_dim(rotations: float, rotary_dim: int, base: float, length: int) -> float:
-    """Pair index (fractional) that completes ``rotations`` turns over ``length`` positions."""
-    return rotary_dim * math.log(length / (rotations * 2 * math.pi)) / (2 * math.log(base))
-
-
-def yarn_mscale(factor: float) -> float:
-    """YaRN's ``sqrt(1/t) = 0.1 ln(factor) + 1``, applied to both q and k (1 when not extending)."""
-    return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
 def rope_frequencies(
@@ -74,23 +64,10 @@ def rope_frequencies(
     beta_fast: float = 32.0,
     beta_slow: float = 1.0,
 ) -> Tensor:
-    """Angular frequency of each rotated pair, float64 ``(rotary_dim/2,)``."""
-    if scaling == "ntk":
-        base = base * factor ** (rotary_dim / (rotary_dim - 2))
-    pair = torch.arange(0, rotary_dim, 2, dtype=torch.float64)  # 2i
-    inv_freq = base ** (-pair / rotary_dim)  # (r/2,)
-    if scaling == "linear":
-        return inv_freq / factor
-    if scaling != "yarn":
-        return inv_freq
-    low = math.floor(yarn_correction_dim(beta_fast, rotary_dim, base, original_length))
-    high = math.ceil(yarn_correction_dim(beta_slow, rotary_dim, base, original_length))
-    low, high = max(low, 0), min(high, rotary_dim - 1)
-    if low == high:
-        high += 0.001  # the reference's guard against a zero-width ramp
-    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
-    # ramp 0: high frequency, kept (extrapolated); ramp 1: low frequency, interpolated
-    return inv_freq * (1 - ramp) + (inv_freq / factor) * ramp
+    """Angular frequency of each rotated pair, float64 ``(rotary_dim/2,)``, for the scalings
+    that need nothing but a factor (see ``rope_scaling`` for all of them)."""
+    settings = RopeScaling(scaling, factor, original_length, beta_fast, beta_slow)
+    return frequencies(settings, rotary_dim // 2, base, rotary_dim)[0]
 
 
 def rotary_tables(
@@ -175,11 +152,18 @@ class RotaryEmbedding(PositionEncoding):
         layout: Layout = "interleaved",
         base: float = 10000.0,
         fraction: float = 1.0,
+        partial: Partial = "neox",
         scaling: Scaling = "none",
         factor: float = 1.0,
         original_length: int = 2048,
         beta_fast: float = 32.0,
         beta_slow: float = 1.0,
+        mscale: float = 0.0,
+        mscale_all_dim: float = 0.0,
+        low_freq_factor: float = 1.0,
+        high_freq_factor: float = 4.0,
+        short_factor: list[float] | None = None,
+        long_factor: list[float] | None = None,
         heads: int = 8,
         head_dim: int = 64,
         causal: bool = False,
@@ -187,10 +171,8 @@ class RotaryEmbedding(PositionEncoding):
         super().__init__(heads=heads, head_dim=head_dim, causal=causal)
         if layout not in ("interleaved", "half"):
             raise UsageError(f"rope: layout must be 'interleaved' or 'half', got {layout!r}")
-        if scaling not in ("none", "linear", "ntk", "yarn"):
-            raise UsageError(
-                f"rope: scaling must be one of none, linear, ntk, yarn, got {scaling!r}"
-            )
+        if partial not in ("neox", "proportional"):
+            raise UsageError(f"rope: partial must be 'neox' or 'proportional', got {partial!r}")
         if base <= 1:
             raise UsageError(f"rope: base must be > 1, got {base}")
         if not 0 < fraction <= 1:
@@ -201,39 +183,39 @@ class RotaryEmbedding(PositionEncoding):
                 f"rope: fraction={fraction} of head_dim={head_dim} rotates no channel pair; "
                 f"raise fraction to at least {2 / head_dim:.3g}"
             )
-        if scaling == "none" and factor != 1:
-            raise UsageError(f"rope: factor={factor} needs a scaling; set scaling=linear|ntk|yarn")
-        if factor < 1:
-            raise UsageError(
-                f"rope: factor must be >= 1 (new context / trained context), got {factor}"
-            )
-        if scaling == "ntk" and rotary_dim < 4:
-            raise UsageError("rope: scaling=ntk needs at least 4 rotated channels; raise fraction")
-        if original_length < 1:
-            raise UsageError(f"rope: original_length must be >= 1, got {original_length}")
-        if not 0 < beta_slow < beta_fast:
-            raise UsageError(
-                f"rope: need 0 < beta_slow < beta_fast, got {beta_slow} and {beta_fast}"
-            )
+        self.scaling_settings = RopeScaling(
+            scaling,
+            factor,
+            original_length,
+            beta_fast,
+            beta_slow,
+            mscale,
+            mscale_all_dim,
+            low_freq_factor,
+            high_freq_factor,
+            None if short_factor is None else tuple(short_factor),
+            None if long_factor is None else tuple(long_factor),
+        )
+        # the exponent's denominator: the rotated width (GPT-NeoX) or the whole head
+        self.exponent_dim = rotary_dim if partial == "neox" else head_dim
+        self.scaling_settings.check(rotary_dim // 2, self.exponent_dim)
         self.layout: Layout = layout
         self.base = base
         self.fraction = fraction
+        self.partial: Partial = partial
         self.scaling: Scaling = scaling
         self.factor = factor
         self.original_length = original_length
         self.rotary_dim = rotary_dim
-        # a plain float64 attribute, not a buffer: module.half() must not round the frequencies
-        self.inv_freq = rope_frequencies(
-            rotary_dim,
-            base,
-            scaling,
-            factor,
-            original_length,
-            beta_fast=beta_fast,
-            beta_slow=beta_slow,
-        )  # (r/2,)
-        self.mscale = yarn_mscale(factor) if scaling == "yarn" else 1.0
+        # plain float64 attributes, not buffers: module.half() must not round the frequencies
+        self.inv_freq, self.mscale = self.frequencies_at(None)  # (r/2,), attention factor
         self._cache: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+    def frequencies_at(self, length: int | None) -> tuple[Tensor, float]:
+        """Inverse frequencies and attention factor for a sequence of ``length`` positions."""
+        return frequencies(
+            self.scaling_settings, self.rotary_dim // 2, self.base, self.exponent_dim, length
+        )
 
     def extra_repr(self) -> str:
         return (
@@ -243,6 +225,10 @@ class RotaryEmbedding(PositionEncoding):
 
     def tables(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """Scaled cos and sin at ``positions``, each ``(N, r/2)``; cached on the CPU."""
+        if self.scaling in LENGTH_DEPENDENT:  # the frequencies follow the sequence's length
+            length = int(positions.max()) + 1 if positions.numel() else 0
+            inv_freq, factor = self.frequencies_at(length)
+            return rotary_tables(positions, inv_freq, dtype, factor)
         if positions.device.type != "cpu":
             return rotary_tables(positions, self.inv_freq, dtype, self.mscale)
         start = _consecutive_start(positions)
