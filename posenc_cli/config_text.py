@@ -140,8 +140,14 @@ def longest_training_sequence(data: Any) -> int:
 def check_random_positions(recipe: Any, error: Error) -> None:
     """Randomized positions that change nothing are an error, not a silent no-op."""
     span, key = recipe.model.random_positions, "model.random_positions"
-    if recipe.encoding.name == "none":
-        raise error(key, "encoding none reads no positions, so drawing them changes nothing")
+    from posenc_cli.encodings import encoding_class
+
+    if not encoding_class(recipe.encoding.name).reads_positions:
+        raise error(
+            key,
+            f"encoding {recipe.encoding.name} reads no positions (its order comes from the "
+            "content and the causal mask), so drawing them changes nothing",
+        )
     if recipe.model.mem_len:
         raise error(key, "Transformer-XL memory counts positions across segments; set mem_len 0")
     longest = longest_training_sequence(recipe.data)

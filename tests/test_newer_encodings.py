@@ -195,3 +195,101 @@ def test_xpos_refuses_a_bidirectional_model():
 
     with pytest.raises(UsageError, match="causal models only"):
         build_encoding("xpos", heads=H, head_dim=D, causal=False)
+
+
+# --- CoPE -----------------------------------------------------------------------------------
+
+
+def test_cope_is_its_gated_count_per_pair():
+    enc = build("cope", npos_max=6)
+    n = 7
+    pos = torch.arange(n) + 3
+    q, k = qk(n, seed=2)
+    q = q * 3  # gates away from 1/2, counts past the cap for some pairs
+
+    def literal():
+        out = torch.zeros(1, H, n, n, dtype=torch.float64)
+        scale = D**-0.5
+        for h in range(H):
+            for i, j in pairs(n):
+                if j > i:
+                    continue
+                p = sum(torch.sigmoid(q[0, h, i] @ k[0, h, t] * scale) for t in range(j, i + 1))
+                p = torch.clamp(p, max=5.0)
+                low = int(p.floor())
+                high = min(low + 1, 5)
+                w = p - low
+                e = enc.table[h]
+                out[0, h, i, j] = (1 - w) * (q[0, h, i] @ e[low]) + w * (q[0, h, i] @ e[high])
+        return out
+
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    assert_same_values_and_gradients(
+        enc, lambda: enc.bias(q, k, pos, pos) * causal, lambda: literal()
+    )
+
+
+def test_cope_counts_only_the_gated_keys():
+    """A key the query gates shut (sigmoid ~ 0) adds nothing to the positions behind it."""
+    enc = build("cope", npos_max=16)
+    q, k = qk(5, seed=4)
+    k[0, :, 2] = -50 * q[0, :, 4] / q[0, :, 4].norm(dim=-1, keepdim=True)  # query 4 shuts key 2
+    p = enc.positions(q, k, torch.arange(5), torch.arange(5))
+    gate = torch.sigmoid(q[0, :, 4] @ k[0, :, 1].T * D**-0.5).diagonal()
+    torch.testing.assert_close(p[0, :, 4, 1] - p[0, :, 4, 3], gate, atol=1e-6, rtol=0)
+
+
+# --- FoX ------------------------------------------------------------------------------------
+
+
+def test_fox_is_the_sum_of_log_forget_gates_between_key_and_query():
+    enc = build("fox")
+    with torch.no_grad():
+        enc.weight.normal_(std=0.5)
+    n = 6
+    pos = torch.arange(n)
+    q, k = qk(n, seed=5)
+
+    def literal():
+        out = torch.zeros(1, H, n, n, dtype=torch.float64)
+        for h in range(H):
+            for i, j in pairs(n):
+                if j <= i:
+                    gates = [torch.sigmoid(enc.weight[h] @ k[0, h, t] + enc.offset[h])
+                             for t in range(j + 1, i + 1)]  # fmt: skip
+                    out[0, h, i, j] = sum((torch.log(g) for g in gates), torch.tensor(0.0))
+        return out
+
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    assert_same_values_and_gradients(enc, lambda: enc.bias(q, k, pos, pos) * causal, literal)
+
+
+# --- PoPE -----------------------------------------------------------------------------------
+
+
+def test_pope_scores_are_magnitudes_times_positional_phases_per_pair():
+    enc = build("pope")
+    with torch.no_grad():
+        enc.delta.normal_()
+    n = 5
+    pos = torch.arange(n) * 3 + 7
+    q, k = qk(n, seed=6)
+
+    def literal():
+        out = torch.zeros(1, H, n, n, dtype=torch.float64)
+        for h in range(H):
+            for a, m in enumerate(pos.tolist()):
+                for b, s in enumerate(pos.tolist()):
+                    out[0, h, a, b] = sum(
+                        torch.nn.functional.softplus(q[0, h, a, c])
+                        * torch.nn.functional.softplus(k[0, h, b, c])
+                        * torch.cos((m - s) * 10000 ** (-c / D) + enc.delta[h, c])
+                        for c in range(D)
+                    )
+        return out
+
+    def fast():
+        rq, rk = enc.rotate(q, k, pos, pos)
+        return rq @ rk.transpose(-2, -1)
+
+    assert_same_values_and_gradients(enc, fast, literal)

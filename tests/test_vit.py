@@ -55,7 +55,7 @@ def patches_permuted(images: Tensor, patch: int, order: Tensor) -> Tensor:
 # --- every encoding -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", list(ENCODINGS))
+@pytest.mark.parametrize("name", [n for n in ENCODINGS if not ENCODINGS[n].causal_only])
 def test_every_encoding_trains(name: str) -> None:
     model = nano(name)
     images, labels = torch.randn(4, 3, IMG, IMG), torch.tensor([0, 1, 2, 0])
@@ -78,7 +78,9 @@ def test_every_encoding_trains(name: str) -> None:
     assert losses[-1] < losses[0]
 
 
-@pytest.mark.parametrize("name", [n for n in ENCODINGS if n != "none"])
+@pytest.mark.parametrize(
+    "name", [n for n in ENCODINGS if n != "none" and not ENCODINGS[n].causal_only]
+)
 def test_every_encoding_sees_patch_order(name: str) -> None:
     """The permutation test's counterpart: with an encoding, moving patches changes the output."""
     model = nano(name).double().eval()
@@ -354,3 +356,11 @@ def test_average_pooling_reads_the_patches_not_the_class_token():
     tokens = model.forward_features(images)  # (B, 1 + 16, D)
     expected = model.head(model.fc_norm(tokens[:, 1:].mean(dim=1)))
     torch.testing.assert_close(model(images), expected)
+
+
+def test_a_causal_only_encoding_is_refused_by_the_bidirectional_vit():
+    causal_only = [n for n in ENCODINGS if ENCODINGS[n].causal_only]
+    assert causal_only  # xpos, cope, fox
+    for name in causal_only:
+        with pytest.raises(UsageError, match="causal"):
+            nano(name)

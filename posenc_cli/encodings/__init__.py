@@ -13,11 +13,14 @@ from typing import Any
 from posenc_cli.encodings.absolute import LearnedAbsolute, NoPosition, Sinusoidal
 from posenc_cli.encodings.alibi import ALiBi
 from posenc_cli.encodings.base import MODEL_ARGS, PositionEncoding
+from posenc_cli.encodings.cope import CoPE
 from posenc_cli.encodings.deberta import DebertaDisentangled
 from posenc_cli.encodings.fire import Fire
+from posenc_cli.encodings.fox import ForgettingGate
 from posenc_cli.encodings.irpe import ImageRPE
 from posenc_cli.encodings.kerple import Kerple
 from posenc_cli.encodings.learned2d import Learned2D
+from posenc_cli.encodings.pope import PolarEmbedding
 from posenc_cli.encodings.rope import RotaryEmbedding
 from posenc_cli.encodings.rope2d import Rope2D
 from posenc_cli.encodings.sandwich import Sandwich
@@ -45,6 +48,9 @@ ENCODINGS: dict[str, type[PositionEncoding]] = {
     "kerple": Kerple,
     "sandwich": Sandwich,
     "xpos": XPos,
+    "cope": CoPE,
+    "fox": ForgettingGate,
+    "pope": PolarEmbedding,
     # image grids (2D positions)
     "sincos2d": SinCos2D,
     "learned2d": Learned2D,

@@ -34,6 +34,7 @@ class NoPosition(PositionEncoding):
     """No position information ("NoPE")."""
 
     family = "none"
+    reads_positions = False
 
 
 class Sinusoidal(PositionEncoding):

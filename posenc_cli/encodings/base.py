@@ -47,6 +47,7 @@ class PositionEncoding(nn.Module):
     extrapolates: ClassVar[bool] = True  # runs past the length it was trained at
     per_layer: ClassVar[bool] = False  # own parameters in every layer, else one shared instance
     causal_only: ClassVar[bool] = False  # defined for causal models alone (xPos)
+    reads_positions: ClassVar[bool] = True  # False: order comes from the content alone (CoPE)
 
     def __init__(self, *, heads: int = 8, head_dim: int = 64, causal: bool = False) -> None:
         super().__init__()

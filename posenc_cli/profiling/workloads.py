@@ -60,10 +60,11 @@ class AttentionLayer(nn.Module):
         self, dim: int, heads: int, encoding: str, params: dict[str, Any], window: int | None
     ) -> None:
         super().__init__()
+        causal = ENCODINGS[encoding].causal_only  # the only form such an encoding has
         self.encoding = build_encoding(
-            encoding, dim=dim, heads=heads, head_dim=dim // heads, **params
+            encoding, dim=dim, heads=heads, head_dim=dim // heads, causal=causal, **params
         )
-        self.attention = Attention(dim, heads, self.encoding, window=window)
+        self.attention = Attention(dim, heads, self.encoding, causal=causal, window=window)
         self.dim = dim
 
     def positions(self, size: int, device: torch.device) -> Tensor:

@@ -1,0 +1,70 @@
+"""CoPE: contextual position encoding (Golovneva, Wang, Weston and Sukhbaatar 2024, "Contextual
+Position Encoding: Learning to Count What's Important").
+
+Positions are counted in context rather than in tokens. Query i gates every key before it,
+``g_ij = sigmoid(q_i . k_j * scale)``, and key j sits at the fractional position
+``p_ij = sum_{t=j..i} g_it`` from the query: the number of gated keys between them. The logit
+gains ``q_i . e[p_ij]``, with ``e`` a learned table of ``npos_max`` vectors interpolated between
+``floor(p)`` and ``ceil(p)``; ``p`` is capped at ``npos_max - 1``.
+
+Conventions:
+- Causal only, as published (the count runs from the key up to the query).
+- ``q . e[p]`` is never formed as ``(N, N, d)``: ``z_i = q_i . e[k]`` for the integer positions
+  is ``(N, npos_max)`` per head, and each pair reads and blends two of its entries, so the extra
+  memory is the size of the logits.
+- The gate reads the same scaled ``q . k`` as attention (the paper's code gates the logits).
+- The table ``e`` is ``(H, npos_max, d)`` with BERT's init (std 0.02), per layer.
+- With right padding, as posenc pads, a real query never counts a pad key (it lies after the
+  query); left padding would be counted.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from posenc_cli.encodings.base import PositionEncoding
+from posenc_cli.errors import UsageError
+
+
+class CoPE(PositionEncoding):
+    """Adds ``q_i . e[p_ij]``, ``p_ij`` the gated count of keys from j to i."""
+
+    family = "relative"
+    reads_positions = False
+    causal_only = True
+    per_layer = True
+
+    def __init__(
+        self, *, npos_max: int = 64, heads: int = 8, head_dim: int = 64, causal: bool = False
+    ) -> None:
+        super().__init__(heads=heads, head_dim=head_dim, causal=causal)
+        if not causal:
+            raise UsageError(
+                "cope: defined for causal models only (positions count the keys up to the "
+                "query); use it with a language-model task"
+            )
+        if npos_max < 2:
+            raise UsageError(f"cope: npos_max must be >= 2, got {npos_max}")
+        self.npos_max = npos_max
+        self.table = nn.Parameter(torch.randn(heads, npos_max, head_dim) * 0.02)
+
+    def extra_repr(self) -> str:
+        return f"npos_max={self.npos_max}, heads={self.heads}"
+
+    def positions(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """The fractional positions ``p_ij`` ``(B, H, Nq, Nk)``, capped (0 for later keys)."""
+        allowed = k_pos[None, :] <= q_pos[:, None]  # (Nq, Nk)
+        gates = torch.sigmoid(q @ k.transpose(-2, -1) * self.logit_scale()) * allowed
+        # sum over t = j .. i: a cumulative sum from the right
+        counted = gates.flip(-1).cumsum(-1).flip(-1)
+        return counted.clamp(max=self.npos_max - 1)
+
+    def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        p = self.positions(q, k, q_pos, k_pos)
+        z = q @ self.table.to(q.dtype).transpose(-2, -1)  # (B, H, Nq, npos_max)
+        low = p.floor()
+        frac = p - low
+        low = low.long()
+        high = (low + 1).clamp(max=self.npos_max - 1)
+        return torch.gather(z, -1, low) * (1 - frac) + torch.gather(z, -1, high) * frac
