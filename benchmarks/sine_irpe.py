@@ -16,11 +16,11 @@ import statistics
 import torch
 from torch.utils import benchmark
 
-from posenc_cli.detection.detr import SineQK
 from posenc_cli.encodings import build_encoding
 from posenc_cli.encodings.base import PositionEncoding, grid_positions
 from posenc_cli.encodings.sincos2d import SinCos2D
 from posenc_cli.models.attention import Attention
+from posenc_cli.tasks.detection.detr import SineQK
 
 ON_SETTINGS = ("k", "qk", "qkv")  # where iRPE adds its contextual term
 SHAPES = {

@@ -44,7 +44,6 @@ from typing import Any
 import torch
 import yaml
 
-from posenc_cli.config_text import DataConfig, EvalConfig, ModelConfig, TrainConfig
 from posenc_cli.encodings import ENCODINGS, check_params, user_params
 from posenc_cli.errors import UsageError
 from posenc_cli.params import (
@@ -55,6 +54,7 @@ from posenc_cli.params import (
     parse_assignments,
 )
 from posenc_cli.tasks import DEFAULT_KIND, TASKS, task_of
+from posenc_cli.tasks.text.schema import DataConfig, EvalConfig, ModelConfig, TrainConfig
 
 if typing.TYPE_CHECKING:  # importlib.resources.abc is 3.11+; only the annotations need it
     from importlib.resources.abc import Traversable
@@ -69,8 +69,7 @@ class EncodingConfig:
 @dataclass
 class Recipe:
     seed: int = bounded(0, lambda v: v >= 0, ">= 0", most=2**32 - 1)
-    # the text sections for kind "text", config_image's for "image", config_detection's for
-    # "detection"
+    # the sections of the recipe's kind: tasks/<kind>/schema.py (text is the default)
     model: Any = field(default_factory=ModelConfig)
     encoding: EncodingConfig = field(default_factory=EncodingConfig)
     data: Any = field(default_factory=DataConfig)

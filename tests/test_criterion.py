@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from posenc_cli.detection.criterion import SetCriterion, postprocess
-from posenc_cli.detection.matcher import HungarianMatcher
+from posenc_cli.tasks.detection.criterion import SetCriterion, postprocess
+from posenc_cli.tasks.detection.matcher import HungarianMatcher
 
 C = 3  # classes; index 3 is no-object
 

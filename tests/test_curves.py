@@ -10,7 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from posenc_cli.config import load_recipe
 from posenc_cli.runs.curves import tag
-from posenc_cli.train import train
+from posenc_cli.tasks.text.train import train
 from tests import test_image_train
 from tests.helpers import TINY_TEXT, run
 

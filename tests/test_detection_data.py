@@ -14,18 +14,18 @@ import torch
 from PIL import Image
 from pycocotools.coco import COCO
 
-from posenc_cli.detection.coco import (
+from posenc_cli.errors import UsageError
+from posenc_cli.tasks.detection.coco import (
     MEAN,
     STD,
     CocoDetectionData,
     build_detection_data,
     collate,
 )
-from posenc_cli.detection.coco_eval import coco_evaluate
-from posenc_cli.detection.criterion import postprocess
-from posenc_cli.detection.draw import draw_predictions
-from posenc_cli.detection.shapes import CATEGORIES, MARKER, make_shapes
-from posenc_cli.errors import UsageError
+from posenc_cli.tasks.detection.coco_eval import coco_evaluate
+from posenc_cli.tasks.detection.criterion import postprocess
+from posenc_cli.tasks.detection.draw import draw_predictions
+from posenc_cli.tasks.detection.shapes import CATEGORIES, MARKER, make_shapes
 
 SIZE = 48
 

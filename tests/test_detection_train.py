@@ -12,7 +12,7 @@ import yaml
 
 from posenc_cli.config import dump_recipe, expand_sweep, load_recipe
 from posenc_cli.errors import UsageError
-from posenc_cli.train_detection import train_detection
+from posenc_cli.tasks.detection.train import train_detection
 from tests.helpers import ddp_train, run, torchrun_available
 
 TINY = {

@@ -1,6 +1,6 @@
-"""DETR-lite (posenc_cli/detection/detr.py, backbone.py): every 2D encoding trains, the backbone's
-BatchNorm is frozen or trained as asked and loads local weights, and position reaches the model
-only where asked."""
+"""DETR-lite (posenc_cli/tasks/detection/detr.py, backbone.py): every 2D encoding trains, the
+backbone's BatchNorm is frozen or trained as asked and loads local weights, and position reaches
+the model only where asked."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from torch import nn
 from torch.testing import assert_close
 from torchvision.ops import FrozenBatchNorm2d
 
-from posenc_cli.detection.backbone import Backbone
-from posenc_cli.detection.detr import SETTINGS, DETRLite, SineQK, build_detr
 from posenc_cli.encodings import ENCODINGS, build_encoding
 from posenc_cli.encodings.base import HOOKS, PositionEncoding, grid_positions
 from posenc_cli.encodings.sincos2d import SinCos2D, sincos2d_table
 from posenc_cli.errors import UsageError
 from posenc_cli.models.attention import Attention
+from posenc_cli.tasks.detection.backbone import Backbone
+from posenc_cli.tasks.detection.detr import SETTINGS, DETRLite, SineQK, build_detr
 
 DIM, HEADS, CLASSES, QUERIES = 32, 4, 3, 5
 TWO_D = sorted(k for k, v in ENCODINGS.items() if v.dims == 2)

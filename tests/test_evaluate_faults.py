@@ -16,9 +16,9 @@ from torch import nn
 
 from posenc_cli.config import load_recipe
 from posenc_cli.errors import UsageError
-from posenc_cli.evaluate import evaluate_run, save_evaluation
 from posenc_cli.runs.checkpoint import CorruptCheckpoint, load_checkpoint, load_run_weights
-from posenc_cli.train import train
+from posenc_cli.tasks.text.evaluate import evaluate_run, save_evaluation
+from posenc_cli.tasks.text.train import train
 from tests.helpers import TINY_TEXT, run
 
 TINY = ["sweep=null", "encoding.name=rope", *TINY_TEXT, "train.eval_batches=1", "eval.batches=1"]
@@ -173,12 +173,12 @@ def test_a_failed_png_write_leaves_eval_json_as_it_was(run_dir, capsys, monkeypa
 
 
 def test_a_failed_eval_json_write_keeps_the_old_file(run_dir, capsys, monkeypatch):
-    import posenc_cli.evaluate
+    import posenc_cli.tasks.text.evaluate
 
     def disk_full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(posenc_cli.evaluate, "atomic_write_json", disk_full)
+    monkeypatch.setattr(posenc_cli.tasks.text.evaluate, "atomic_write_json", disk_full)
     before = (run_dir / "eval.json").read_bytes()
     code, _, err = run(capsys, "evaluate", str(run_dir), "--lengths", "5")
     assert_one_line(code, err, "eval.json", "No space left", "unchanged")
@@ -188,12 +188,12 @@ def test_a_failed_eval_json_write_keeps_the_old_file(run_dir, capsys, monkeypatc
 @pytest.fixture
 def never_evaluated(monkeypatch):
     """Fail the test if an evaluation starts: the checks must come before it."""
-    import posenc_cli.evaluate
+    import posenc_cli.tasks.text.evaluate
 
     def evaluated(*args, **kwargs):
         raise AssertionError("the evaluation ran before the output checks")
 
-    monkeypatch.setattr(posenc_cli.evaluate, "evaluate_run", evaluated)
+    monkeypatch.setattr(posenc_cli.tasks.text.evaluate, "evaluate_run", evaluated)
 
 
 def test_out_below_a_regular_file_fails_before_evaluating(run_dir, capsys, never_evaluated):

@@ -11,7 +11,7 @@ import yaml
 
 from posenc_cli.config import dump_recipe, expand_sweep, load_recipe
 from posenc_cli.errors import UsageError
-from posenc_cli.train_image import train_image
+from posenc_cli.tasks.image.train import train_image
 from tests.helpers import ddp_train, run, torchrun_available
 
 TINY = {

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from posenc_cli.detection.matcher import HungarianMatcher, pair_costs
+from posenc_cli.tasks.detection.matcher import HungarianMatcher, pair_costs
 
 
 def random_boxes(n: int, generator: torch.Generator) -> torch.Tensor:

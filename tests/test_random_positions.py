@@ -12,7 +12,7 @@ from posenc_cli.config import load_recipe
 from posenc_cli.errors import UsageError
 from posenc_cli.models.positions import random_positions
 from posenc_cli.models.text import build_text_model
-from posenc_cli.train import train
+from posenc_cli.tasks.text.train import train
 from tests.helpers import run
 from tests.test_train import TINY
 
@@ -62,7 +62,7 @@ def test_a_run_trains_and_evaluates_with_the_same_draw_rule(tmp_path):
     val = lambda s: {k: v for k, v in s["final"].items() if k.startswith("val_")}  # noqa: E731
     assert val(a) == val(b)  # the draws come from the step's generator: repeatable
     assert val(a) != val(plain)
-    from posenc_cli.evaluate import evaluate_run
+    from posenc_cli.tasks.text.evaluate import evaluate_run
 
     result = evaluate_run(tmp_path / "a", write=False)
     assert "error" not in result["lengths"]["8"]

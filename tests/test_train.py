@@ -13,7 +13,7 @@ import torch
 from posenc_cli.config import load_recipe
 from posenc_cli.metrics import Tally
 from posenc_cli.runs.directory import TrainingStopped
-from posenc_cli.train import train
+from posenc_cli.tasks.text.train import train
 from tests.helpers import ddp_train, run, torchrun_available
 
 TINY = [
@@ -67,7 +67,7 @@ def test_resume_after_ctrl_c_ends_where_the_uninterrupted_run_ends(tmp_path):
 def test_resume_after_a_kill_continues_from_the_periodic_checkpoint(tmp_path, monkeypatch):
     """A killed process saves nothing on the way out: last.pt is the step-4 checkpoint and
     metrics.jsonl may hold lines written after it. Resuming still ends where the whole run does."""
-    import posenc_cli.train as train_module
+    import posenc_cli.tasks.text.train as train_module
 
     whole = train(tiny(), tmp_path / "whole")
     real_save = train_module.save_checkpoint
@@ -92,7 +92,7 @@ def test_resume_after_a_kill_continues_from_the_periodic_checkpoint(tmp_path, mo
 def test_stop_at_ends_the_run_once_it_has_fitted(tmp_path, monkeypatch):
     """The first evaluation at or above train.stop_at ends training there: the checkpoint, the
     metrics and the summary all say step 8 of 12; without the setting it runs all 12."""
-    import posenc_cli.train as train_module
+    import posenc_cli.tasks.text.train as train_module
 
     real = train_module.evaluate_length
     calls = []
@@ -257,7 +257,7 @@ def test_two_process_ddp_run_on_cpu(tmp_path):
 def test_a_run_that_diverges_is_recorded_and_the_sweep_goes_on(tmp_path, capsys, monkeypatch):
     """A NaN in one encoding is a result: its folder says so, the other runs still train,
     compare counts it per encoding, and --resume keeps it instead of diverging again."""
-    import posenc_cli.train as train_module
+    import posenc_cli.tasks.text.train as train_module
 
     real = train_module.train
 

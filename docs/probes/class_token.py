@@ -24,7 +24,7 @@ from posenc_cli.config import load_recipe
 from posenc_cli.data.images import build_image_data
 from posenc_cli.models.attention import Attention
 from posenc_cli.runs.checkpoint import load_run_weights
-from posenc_cli.train_image import build_image_model
+from posenc_cli.tasks.image.train import build_image_model
 
 
 def spread(features: torch.Tensor) -> float:

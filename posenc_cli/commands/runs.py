@@ -109,9 +109,9 @@ def evaluate_command(
     Example: posenc evaluate runs/quick --lengths 8,16,32,64 --shift 100
     """
     from posenc_cli.commands.common import check_writable, reject_options
-    from posenc_cli.evaluate import run_directory, run_kind
     from posenc_cli.runs.lock import hold
     from posenc_cli.tasks import task_of
+    from posenc_cli.tasks.text.evaluate import run_directory, run_kind
 
     check_png(out)
     run_dir = run_directory(run_dir)
@@ -146,7 +146,7 @@ def show_evaluation(evaluated, format: Format) -> None:
     """Draw the pictures, then save the evaluation (merged: what was recorded before is kept),
     then show it: nothing is written if a picture cannot be."""
     from posenc_cli.commands.common import written
-    from posenc_cli.evaluate import save_evaluation
+    from posenc_cli.tasks.text.evaluate import save_evaluation
 
     for path, draw in evaluated.pictures:
         with written(path):

@@ -244,7 +244,7 @@ class ImageRecipeWorkload:
 
     def subject(self, encoding: str, size: int | None = None) -> ImageSubject:
         from posenc_cli.config import load_recipe
-        from posenc_cli.train_image import build_image_model
+        from posenc_cli.tasks.image.train import build_image_model
 
         recipe = self.recipe
         if encoding != recipe.encoding.name:
@@ -292,7 +292,7 @@ class DetectionRecipeWorkload:
 
     def subject(self, encoding: str, size: int | None = None) -> DetectionSubject:
         from posenc_cli.config import load_recipe
-        from posenc_cli.train_detection import build_detection_model
+        from posenc_cli.tasks.detection.train import build_detection_model
 
         recipe = self.recipe
         if encoding != recipe.encoding.name:

@@ -107,8 +107,8 @@ def model_options(recipe: Any) -> dict[str, Any]:
 
 def build_encoding_once(recipe: Any) -> None:
     """Build the model's encoder encodings alone, to check the encoding and its parameters."""
-    from posenc_cli.detection.detr import encoder_encodings
     from posenc_cli.encodings.sincos2d import SinCos2D
+    from posenc_cli.tasks.detection.detr import encoder_encodings
 
     m = recipe.model
     grid = -(-recipe.data.image_size // m.backbone_stride)

@@ -7,15 +7,15 @@ from pathlib import Path
 from typing import Any
 
 from posenc_cli.config import load_recipe
-from posenc_cli.evaluate import recipe_file, save_evaluation
 from posenc_cli.runs.checkpoint import load_run_weights
 from posenc_cli.runs.device import pick_device
 from posenc_cli.runs.evaluation import Evaluated
-from posenc_cli.train_detection import (
+from posenc_cli.tasks.detection.train import (
     build_detection_model,
     evaluate_detection,
     load_detection_data,
 )
+from posenc_cli.tasks.text.evaluate import recipe_file, save_evaluation
 
 
 def score_detection_run(
@@ -23,9 +23,9 @@ def score_detection_run(
 ) -> tuple[dict[str, Any], Callable[[Path], None]]:
     """The run's scores, and a function that draws its kept predictions into a PNG (nothing
     when none were kept); nothing is written here."""
-    from posenc_cli.detection.criterion import SetCriterion
-    from posenc_cli.detection.draw import draw_predictions
-    from posenc_cli.detection.matcher import HungarianMatcher
+    from posenc_cli.tasks.detection.criterion import SetCriterion
+    from posenc_cli.tasks.detection.draw import draw_predictions
+    from posenc_cli.tasks.detection.matcher import HungarianMatcher
 
     recipe = load_recipe(recipe_file(run_dir), list(overrides))
     data = load_detection_data(recipe)

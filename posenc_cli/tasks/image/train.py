@@ -24,7 +24,6 @@ from rich.console import Console
 from torch.utils.data import DataLoader
 
 from posenc_cli.config import Recipe
-from posenc_cli.config_image import model_overrides
 from posenc_cli.errors import UsageError
 from posenc_cli.runs import distributed
 from posenc_cli.runs.checkpoint import atomic_write_json, save_checkpoint
@@ -32,6 +31,7 @@ from posenc_cli.runs.device import autocast, pick_device
 from posenc_cli.runs.directory import last_metrics, prepare_directory, write_recipe
 from posenc_cli.runs.epoch_loop import EpochTask, run_epochs
 from posenc_cli.runs.epochs import epoch_loader, optimize, resume_from
+from posenc_cli.tasks.image.schema import model_overrides
 
 
 def build_image_model(recipe: Recipe, num_classes: int, channels: int, image_size: int):

@@ -19,21 +19,21 @@ from rich.console import Console
 from torch.utils.data import DataLoader
 
 from posenc_cli.config import Recipe
-from posenc_cli.config_detection import model_options
 from posenc_cli.runs import distributed
 from posenc_cli.runs.checkpoint import atomic_write_json, save_checkpoint
 from posenc_cli.runs.device import pick_device
 from posenc_cli.runs.directory import last_metrics, prepare_directory, write_recipe
 from posenc_cli.runs.epoch_loop import EpochTask, run_epochs
 from posenc_cli.runs.epochs import epoch_loader, optimize, resume_from
+from posenc_cli.tasks.detection.schema import model_options
 
 AP_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 
 
 def load_detection_data(recipe: Recipe):
     """The recipe's data set, written first when it is a procedural shapes set."""
-    from posenc_cli.detection.coco import build_detection_data
-    from posenc_cli.detection.shapes import make_shapes
+    from posenc_cli.tasks.detection.coco import build_detection_data
+    from posenc_cli.tasks.detection.shapes import make_shapes
 
     cfg = recipe.data
     if cfg.shapes_images > 0:
@@ -48,7 +48,7 @@ def load_detection_data(recipe: Recipe):
 
 
 def build_detection_model(recipe: Recipe, num_classes: int):
-    from posenc_cli.detection.detr import build_detr
+    from posenc_cli.tasks.detection.detr import build_detr
 
     return build_detr(num_classes, **model_options(recipe))
 
@@ -64,9 +64,9 @@ def to_device(targets: list[dict[str, Any]], device: torch.device) -> list[dict[
 def evaluate_detection(model, data, criterion, recipe: Recipe, device, keep: int = 0):
     """COCO AP (in %) and the set loss over the validation set; with ``keep`` > 0 also the
     first ``keep`` images, targets and predictions, for a picture."""
-    from posenc_cli.detection.coco import collate
-    from posenc_cli.detection.coco_eval import coco_evaluate
-    from posenc_cli.detection.criterion import postprocess
+    from posenc_cli.tasks.detection.coco import collate
+    from posenc_cli.tasks.detection.coco_eval import coco_evaluate
+    from posenc_cli.tasks.detection.criterion import postprocess
 
     model.eval()
     loader = DataLoader(data.val, batch_size=recipe.eval.batch_size, collate_fn=collate)
@@ -123,9 +123,9 @@ def train_detection(
 ) -> dict[str, Any]:
     """Train a detection recipe into ``out``; returns the summary. ``interrupt_at`` simulates
     a Ctrl-C before that global step (tests use it)."""
-    from posenc_cli.detection.coco import collate
-    from posenc_cli.detection.criterion import SetCriterion
-    from posenc_cli.detection.matcher import HungarianMatcher
+    from posenc_cli.tasks.detection.coco import collate
+    from posenc_cli.tasks.detection.criterion import SetCriterion
+    from posenc_cli.tasks.detection.matcher import HungarianMatcher
 
     console = console or Console(stderr=True)
     cfg = recipe.train

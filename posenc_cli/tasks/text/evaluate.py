@@ -22,7 +22,7 @@ from posenc_cli.models.text import build_text_model
 from posenc_cli.runs.checkpoint import atomic_write_json, load_run_weights
 from posenc_cli.runs.device import autocast, pick_device
 from posenc_cli.runs.evaluation import Evaluated, curve_picture
-from posenc_cli.train import evaluate_length
+from posenc_cli.tasks.text.train import evaluate_length
 
 
 def run_directory(path: Path) -> Path:

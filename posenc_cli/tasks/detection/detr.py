@@ -53,13 +53,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posenc_cli.detection.backbone import Backbone, BackboneName, Norm, Stride
 from posenc_cli.encodings import ENCODINGS, build_encoding, user_params
 from posenc_cli.encodings.base import PositionEncoding, WrappedEncoding, grid_positions
 from posenc_cli.encodings.sincos2d import SinCos2D
 from posenc_cli.errors import UsageError
 from posenc_cli.models.blocks import MLP, TransformerBlock
 from posenc_cli.params import close_match, convert, signature_params
+from posenc_cli.tasks.detection.backbone import Backbone, BackboneName, Norm, Stride
 
 # (sine, encoding) of the configurations compared in the DETR + iRPE experiment
 SETTINGS: dict[str, tuple[bool, str]] = {

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchvision.ops import box_convert, generalized_box_iou_loss
 
-from posenc_cli.detection.matcher import HungarianMatcher, Match
+from posenc_cli.tasks.detection.matcher import HungarianMatcher, Match
 
 
 class SetCriterion:

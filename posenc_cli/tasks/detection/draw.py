@@ -22,8 +22,8 @@ from matplotlib.patches import Rectangle
 from torch import Tensor
 from torchvision.ops import box_convert
 
-from posenc_cli.detection.coco import MEAN, STD
 from posenc_cli.runs.checkpoint import atomic_write_bytes
+from posenc_cli.tasks.detection.coco import MEAN, STD
 
 TRUE_STYLE = {"edgecolor": "lime", "linestyle": "--", "linewidth": 1.4}
 PRED_STYLE = {"edgecolor": "red", "linestyle": "-", "linewidth": 1.4}

@@ -1,9 +1,11 @@
 """One registry of tasks: what a recipe's ``kind`` names, and everything that differs by it.
 
 The loader, the sweep runner, the commands, compare and profile ask the task, never test the
-kind. A task is a schema module (its recipe sections, limits and rules: ``config_KIND.py``)
-plus the functions that train, evaluate, compare and profile its runs, imported on first use so
-that reading a recipe does not import every model. Adding a task is one ``Task`` here.
+kind. A task is a folder beside this file: a schema module (its recipe sections, limits and
+rules: ``tasks/KIND/schema.py``) plus the functions that train and evaluate its runs, imported on
+first use so that reading a recipe does not import every model. Adding a task is that folder
+and one ``Task`` here. Backbones (``models/``) and data (``data/``) stay layers of their own:
+the profiler and the public API use them without any task.
 """
 
 from __future__ import annotations
@@ -63,12 +65,12 @@ def image_column(key: str) -> str:
 TASKS: dict[str, Task] = {
     "text": Task(
         kind="text",
-        schema_module="posenc_cli.config_text",
+        schema_module="posenc_cli.tasks.text.schema",
         workload="posenc_cli.profiling.workloads:text_workload",
         profile_unit="tokens",
-        train="posenc_cli.train:train",
-        evaluate="posenc_cli.evaluate:evaluate_run",
-        score="posenc_cli.evaluate:score",
+        train="posenc_cli.tasks.text.train:train",
+        evaluate="posenc_cli.tasks.text.evaluate:evaluate_run",
+        score="posenc_cli.tasks.text.evaluate:score",
         evaluate_flags=("lengths", "shift", "out"),
         evaluate_hint="for image runs; a text run takes --lengths and --shift, "
         "e.g. --lengths 16,32",
@@ -77,12 +79,12 @@ TASKS: dict[str, Task] = {
     ),
     "image": Task(
         kind="image",
-        schema_module="posenc_cli.config_image",
+        schema_module="posenc_cli.tasks.image.schema",
         workload="posenc_cli.profiling.workloads:image_workload",
         profile_unit="px",
-        train="posenc_cli.train_image:train_image",
-        evaluate="posenc_cli.evaluate_image:evaluate_image_run",
-        score="posenc_cli.evaluate_image:score",
+        train="posenc_cli.tasks.image.train:train_image",
+        evaluate="posenc_cli.tasks.image.evaluate:evaluate_image_run",
+        score="posenc_cli.tasks.image.evaluate:score",
         evaluate_flags=("sizes", "shifts", "out"),
         evaluate_hint="for text runs; an image run takes --sizes (sides in px) and --shifts (px), "
         "e.g. --sizes 32,48 --shifts 0,4",
@@ -91,18 +93,18 @@ TASKS: dict[str, Task] = {
     ),
     "detection": Task(
         kind="detection",
-        schema_module="posenc_cli.config_detection",
+        schema_module="posenc_cli.tasks.detection.schema",
         workload="posenc_cli.profiling.workloads:detection_workload",
         profile_unit="px",
-        train="posenc_cli.train_detection:train_detection",
-        evaluate="posenc_cli.evaluate_detection:evaluate_detection_run",
-        score="posenc_cli.evaluate_detection:score",
+        train="posenc_cli.tasks.detection.train:train_detection",
+        evaluate="posenc_cli.tasks.detection.evaluate:evaluate_detection_run",
+        score="posenc_cli.tasks.detection.evaluate:score",
         evaluate_flags=(),
         evaluate_hint="a detection run takes none of these: it is scored on its validation set "
         "and draws predictions.png in the run directory",
         metrics=("AP", "AP50", "AP75", "APs", "APm", "APl", "loss"),  # COCO, in %
         column=lambda key: key,
-        prepare="posenc_cli.train_detection:prepare_shared_data",
+        prepare="posenc_cli.tasks.detection.train:prepare_shared_data",
     ),
 }
 

@@ -1,1 +1,0 @@
-"""Object detection: a DETR-lite model, Hungarian matching, losses, data and COCO evaluation."""
