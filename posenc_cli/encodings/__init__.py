@@ -20,6 +20,7 @@ from posenc_cli.encodings.fox import ForgettingGate
 from posenc_cli.encodings.irpe import ImageRPE
 from posenc_cli.encodings.kerple import Kerple
 from posenc_cli.encodings.learned2d import Learned2D
+from posenc_cli.encodings.mrope import MultiAxisRope
 from posenc_cli.encodings.pope import PolarEmbedding
 from posenc_cli.encodings.rope import RotaryEmbedding
 from posenc_cli.encodings.rope2d import Rope2D
@@ -57,6 +58,8 @@ ENCODINGS: dict[str, type[PositionEncoding]] = {
     "rope2d": Rope2D,
     "swin": SwinBias,
     "irpe": ImageRPE,
+    # any number of axes: text, images and video in one sequence
+    "mrope": MultiAxisRope,
 }
 
 
