@@ -178,7 +178,7 @@ def test_a_failed_eval_json_write_keeps_the_old_file(run_dir, capsys, monkeypatc
     def disk_full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(posenc_cli.tasks.text.evaluate, "atomic_write_json", disk_full)
+    monkeypatch.setattr(posenc_cli.runs.evaluation, "atomic_write_json", disk_full)
     before = (run_dir / "eval.json").read_bytes()
     code, _, err = run(capsys, "evaluate", str(run_dir), "--lengths", "5")
     assert_one_line(code, err, "eval.json", "No space left", "unchanged")

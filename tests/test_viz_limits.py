@@ -11,10 +11,10 @@ import pytest
 
 from posenc_cli.bias_maps import positional_logits
 from posenc_cli.bucket_maps import grid_buckets, scaled_grids
-from posenc_cli.viz_budget import PROBE_CELLS, PROBE_LENGTHS
 from posenc_cli.encodings import build_encoding
 from posenc_cli.memory_budget import measure_growth
 from posenc_cli.profiling.memory import LiveTensorBytes
+from posenc_cli.viz_budget import PROBE_CELLS, PROBE_LENGTHS
 from tests.helpers import run
 
 

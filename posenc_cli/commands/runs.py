@@ -109,9 +109,9 @@ def evaluate_command(
     Example: posenc evaluate runs/quick --lengths 8,16,32,64 --shift 100
     """
     from posenc_cli.commands.common import check_writable, reject_options
+    from posenc_cli.runs.evaluation import run_directory, run_kind
     from posenc_cli.runs.lock import hold
     from posenc_cli.tasks import task_of
-    from posenc_cli.tasks.text.evaluate import run_directory, run_kind
 
     check_png(out)
     run_dir = run_directory(run_dir)

@@ -3,10 +3,14 @@ a table to show. The command writes and prints; the task only computes and descr
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from posenc_cli.errors import UsageError
+from posenc_cli.runs.checkpoint import atomic_write_json
 
 
 @dataclass
@@ -34,3 +38,57 @@ def curve_picture(
         save_length_curves({result["encoding"]: curve}, metric, title, path, trained)
 
     return draw
+
+
+def run_directory(path: Path) -> Path:
+    """The run directory a user named: the folder itself, or the folder of its recipe.yaml."""
+    if path.is_file() and path.name == "recipe.yaml":
+        return path.parent
+    if path.is_file():
+        inside = (path.parent / "recipe.yaml").is_file()
+        hint = f"its folder, {path.parent}" if inside else "a `posenc train` output folder"
+        raise UsageError(f"{path}: a file, not a run directory; give {hint}")
+    return path
+
+
+def recipe_file(run_dir: Path) -> Path:
+    """The resolved recipe a run directory holds."""
+    path = run_dir / "recipe.yaml"
+    if not path.is_file():
+        raise UsageError(
+            f"{run_dir}: not a run directory (no recipe.yaml); give a `posenc train` output folder"
+        )
+    return path
+
+
+def run_kind(run_dir: Path) -> str:
+    """The run's kind, read from its saved recipe's top-level key without loading it all: the
+    task's own evaluation loads and checks the recipe, once."""
+    import yaml
+
+    from posenc_cli.tasks import DEFAULT_KIND, TASKS  # the registry sits above runs/
+
+    try:
+        saved = yaml.safe_load(recipe_file(run_dir).read_text())
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        saved = None  # the full load that follows says what is wrong with it
+    kind = saved.get("kind", DEFAULT_KIND) if isinstance(saved, dict) else DEFAULT_KIND
+    return kind if isinstance(kind, str) and kind in TASKS else DEFAULT_KIND
+
+
+def save_evaluation(path: Path, result: dict[str, Any]) -> dict[str, Any]:
+    """Write ``result`` to ``path`` without losing what the file already records: its new
+    lengths replace those of the same key, the others stay, in natural order. A damaged file is
+    replaced. Returns what was written."""
+    from posenc_cli.compare import natural_key
+
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):  # none yet, or damaged: nothing to keep
+        old = None
+    merged = dict(result)
+    if isinstance(old, dict) and isinstance(old.get("lengths"), dict):
+        points = {**old["lengths"], **result["lengths"]}
+        merged["lengths"] = {key: points[key] for key in sorted(points, key=natural_key)}
+    atomic_write_json(path, merged)
+    return merged

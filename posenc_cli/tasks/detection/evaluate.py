@@ -9,13 +9,12 @@ from typing import Any
 from posenc_cli.config import load_recipe
 from posenc_cli.runs.checkpoint import load_run_weights
 from posenc_cli.runs.device import pick_device
-from posenc_cli.runs.evaluation import Evaluated
+from posenc_cli.runs.evaluation import Evaluated, recipe_file, save_evaluation
 from posenc_cli.tasks.detection.train import (
     build_detection_model,
     evaluate_detection,
     load_detection_data,
 )
-from posenc_cli.tasks.text.evaluate import recipe_file, save_evaluation
 
 
 def score_detection_run(

@@ -19,9 +19,8 @@ from posenc_cli.config import Recipe, load_recipe
 from posenc_cli.errors import UsageError
 from posenc_cli.runs.checkpoint import load_run_weights
 from posenc_cli.runs.device import pick_device
-from posenc_cli.runs.evaluation import Evaluated, curve_picture
+from posenc_cli.runs.evaluation import Evaluated, curve_picture, recipe_file, save_evaluation
 from posenc_cli.tasks.image.train import build_image_model, evaluate_images
-from posenc_cli.tasks.text.evaluate import recipe_file, save_evaluation
 
 
 def point_name(size: int, shift: int) -> str:

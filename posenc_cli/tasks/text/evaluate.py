@@ -8,7 +8,6 @@ memory is also scored over the validation text in consecutive segments, memory c
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,58 +18,14 @@ from posenc_cli.data import build_task
 from posenc_cli.errors import UsageError
 from posenc_cli.metrics import Tally
 from posenc_cli.models.text import build_text_model
-from posenc_cli.runs.checkpoint import atomic_write_json, load_run_weights
+from posenc_cli.runs.checkpoint import load_run_weights
 from posenc_cli.runs.device import autocast, pick_device
-from posenc_cli.runs.evaluation import Evaluated, curve_picture
+from posenc_cli.runs.evaluation import Evaluated, curve_picture, recipe_file, save_evaluation
 from posenc_cli.tasks.text.train import evaluate_length
-
-
-def run_directory(path: Path) -> Path:
-    """The run directory a user named: the folder itself, or the folder of its recipe.yaml."""
-    if path.is_file() and path.name == "recipe.yaml":
-        return path.parent
-    if path.is_file():
-        inside = (path.parent / "recipe.yaml").is_file()
-        hint = f"its folder, {path.parent}" if inside else "a `posenc train` output folder"
-        raise UsageError(f"{path}: a file, not a run directory; give {hint}")
-    return path
-
-
-def recipe_file(run_dir: Path) -> Path:
-    """The resolved recipe a run directory holds."""
-    path = run_dir / "recipe.yaml"
-    if not path.is_file():
-        raise UsageError(
-            f"{run_dir}: not a run directory (no recipe.yaml); give a `posenc train` output folder"
-        )
-    return path
-
-
-def run_kind(run_dir: Path) -> str:
-    """``text``, ``image`` or ``detection``, from the run's saved recipe."""
-    return load_recipe(recipe_file(run_dir)).kind
 
 
 def eval_name(shift: int) -> str:
     return "eval.json" if shift == 0 else f"eval_shift{shift}.json"
-
-
-def save_evaluation(path: Path, result: dict[str, Any]) -> dict[str, Any]:
-    """Write ``result`` to ``path`` without losing what the file already records: its new
-    lengths replace those of the same key, the others stay, in natural order. A damaged file is
-    replaced. Returns what was written."""
-    from posenc_cli.compare import natural_key
-
-    try:
-        old = json.loads(path.read_text())
-    except (OSError, ValueError):  # none yet, or damaged: nothing to keep
-        old = None
-    merged = dict(result)
-    if isinstance(old, dict) and isinstance(old.get("lengths"), dict):
-        points = {**old["lengths"], **result["lengths"]}
-        merged["lengths"] = {key: points[key] for key in sorted(points, key=natural_key)}
-    atomic_write_json(path, merged)
-    return merged
 
 
 def load_run(run_dir: Path, overrides: list[str] = ()) -> tuple[Recipe, torch.nn.Module, Any]:
