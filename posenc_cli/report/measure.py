@@ -17,7 +17,6 @@ the table; a study that sweeps other settings is left to ``compare``.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -199,7 +198,3 @@ def build_report(paths: list[Path], profile: Path | None) -> dict[str, Any]:
     }
     report["scenarios"] = scenarios(report, studies)
     return report
-
-
-def finite(x: Any) -> bool:
-    return isinstance(x, int | float) and math.isfinite(x)
