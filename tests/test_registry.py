@@ -155,3 +155,16 @@ def test_image_encodings_on_a_rectangular_grid_with_a_class_token(name):
 @pytest.mark.parametrize("name", list(ENCODINGS))
 def test_model_arguments_are_not_user_parameters(name):
     assert not {"dim", "heads", "head_dim", "causal"} & set(user_params(name))
+
+
+def test_backbone_facts_reach_only_the_encodings_that_name_them():
+    from posenc_cli.encodings import encoding_class
+    from posenc_cli.encodings.base import BackboneFacts
+
+    facts = BackboneFacts(dim=64, heads=4, height=7, width=7, prefix_tokens=1, length=50)
+    swin = facts.for_encoding(encoding_class("swin"), {"height": 9})
+    assert swin["height"] == 9 and swin["width"] == 7 and swin["head_dim"] == 16  # user wins
+    assert "length" not in swin  # swin's constructor names no 1D table
+    learned = facts.for_encoding(encoding_class("learned"), {})
+    assert learned["length"] == 50 and "height" not in learned
+    assert "prefix_tokens" not in facts.for_encoding(encoding_class("rope"), {})

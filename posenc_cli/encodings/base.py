@@ -28,15 +28,40 @@ or a cache), the queries are the last ``Nq`` keys: ``q_pos = k_pos[-Nq:]``.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
+
+from posenc_cli.params import signature_params
 
 Family = Literal["none", "absolute", "relative", "rotary", "bias"]
 
 # Constructor arguments that come from the model, not from the user's recipe.
 MODEL_ARGS = ("dim", "heads", "head_dim", "causal")
+
+
+@dataclass(frozen=True)
+class BackboneFacts:
+    """Everything a backbone may tell its encoding, declared once. An encoding receives the
+    facts its constructor names; the geometry ones (grid, prefix tokens, table length) are
+    defaults a recipe may override, the rest (``MODEL_ARGS``) are the model's own."""
+
+    dim: int
+    heads: int
+    causal: bool = False
+    height: int | None = None  # a grid's rows (learned2d, swin, irpe tables)
+    width: int | None = None
+    prefix_tokens: int | None = None  # class / distillation tokens before the grid
+    length: int | None = None  # a 1D table's positions (learned)
+
+    def for_encoding(self, cls: type, params: dict[str, Any]) -> dict[str, Any]:
+        """The constructor's arguments: the facts it names, then ``params`` over the geometry."""
+        known = {**asdict(self), "head_dim": self.dim // self.heads}
+        accepted = signature_params(cls.__init__)
+        given = {k: v for k, v in known.items() if k in accepted and v is not None}
+        return {**given, **params}  # the user's values win
 
 
 class PositionEncoding(nn.Module):

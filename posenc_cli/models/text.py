@@ -43,7 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from posenc_cli.encodings import ENCODINGS, build_encoding, encoding_class
-from posenc_cli.encodings.base import PositionEncoding
+from posenc_cli.encodings.base import BackboneFacts, PositionEncoding
 from posenc_cli.errors import UsageError
 from posenc_cli.models.blocks import TransformerBlock
 
@@ -94,10 +94,11 @@ class TextModel(nn.Module):
         causal = kind == "lm"
         params = dict(encoding_params or {})
 
+        facts = BackboneFacts(dim=dim, heads=heads, causal=causal)
+        args = facts.for_encoding(encoding_class(encoding), params)
+
         def make() -> PositionEncoding:
-            return build_encoding(
-                encoding, dim=dim, heads=heads, head_dim=dim // heads, causal=causal, **params
-            )
+            return build_encoding(encoding, **args)
 
         # Registered before the blocks, so a shared table is named ``encoding.*``.
         self.encoding: PositionEncoding | None = None

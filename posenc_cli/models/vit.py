@@ -50,11 +50,11 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor
 
 from posenc_cli.encodings import build_encoding, encoding_class
-from posenc_cli.encodings.base import PositionEncoding, grid_positions
+from posenc_cli.encodings.base import BackboneFacts, PositionEncoding, grid_positions
 from posenc_cli.encodings.learned2d import Learned2D
 from posenc_cli.errors import UsageError
 from posenc_cli.models.vit_attention import PositionBlock, run_blocks
-from posenc_cli.params import close_match, signature_params
+from posenc_cli.params import close_match
 
 
 @dataclass(frozen=True)
@@ -82,20 +82,17 @@ OVERRIDES = ("dim", "depth", "heads", "patch_size", "mlp_ratio")
 
 
 def model_given_params(name: str, arch: Arch, grid: int) -> dict[str, Any]:
-    """The encoding arguments the model knows (width, heads, grid, table length), limited to
-    those the encoding's constructor takes."""
-    given = {
-        "dim": arch.dim,
-        "heads": arch.heads,
-        "head_dim": arch.dim // arch.heads,
-        "causal": False,
-        "height": grid,  # learned2d, swin: the table's grid
-        "width": grid,
-        "prefix_tokens": 1,  # learned2d: the class token's row
-        "length": 1 + grid * grid,  # learned (1D): class token + patches
-    }
-    accepted = signature_params(encoding_class(name).__init__)
-    return {k: v for k, v in given.items() if k in accepted}
+    """The encoding arguments the ViT knows (width, heads, grid, class token, table length),
+    limited to those the encoding's constructor takes."""
+    facts = BackboneFacts(
+        dim=arch.dim,
+        heads=arch.heads,
+        height=grid,  # learned2d, swin: the table's grid
+        width=grid,
+        prefix_tokens=1,  # learned2d: the class token's row
+        length=1 + grid * grid,  # learned (1D): class token + patches
+    )
+    return facts.for_encoding(encoding_class(name), {})
 
 
 def build_encodings(

@@ -54,7 +54,12 @@ import torch
 from torch import Tensor, nn
 
 from posenc_cli.encodings import ENCODINGS, build_encoding, user_params
-from posenc_cli.encodings.base import PositionEncoding, WrappedEncoding, grid_positions
+from posenc_cli.encodings.base import (
+    BackboneFacts,
+    PositionEncoding,
+    WrappedEncoding,
+    grid_positions,
+)
 from posenc_cli.encodings.sincos2d import SinCos2D
 from posenc_cli.errors import UsageError
 from posenc_cli.models.blocks import MLP, TransformerBlock
@@ -147,16 +152,13 @@ def encoder_encodings(
             "model.sine=true already adds DETR's sine to q/k; use encoding none with sine, "
             "or encoding sincos2d with model.sine=false"
         )
-    spec = user_params(name)  # also answers an unknown name with the valid ones
-    params = dict(params)
-    for key, default in (("height", grid), ("width", grid), ("prefix_tokens", 0)):
-        if key in spec:
-            params.setdefault(key, default)
-    model_args = {"dim": dim, "heads": heads, "head_dim": dim // heads}
-    shared = None if ENCODINGS[name].per_layer else build_encoding(name, **model_args, **params)
+    user_params(name)  # answers an unknown name with the valid ones
+    facts = BackboneFacts(dim=dim, heads=heads, height=grid, width=grid, prefix_tokens=0)
+    args = facts.for_encoding(ENCODINGS[name], dict(params))
+    shared = None if ENCODINGS[name].per_layer else build_encoding(name, **args)
     out: list[PositionEncoding] = []
     for _ in range(layers):
-        enc = shared if shared is not None else build_encoding(name, **model_args, **params)
+        enc = shared if shared is not None else build_encoding(name, **args)
         out.append(enc if sine is None else SineQK(sine, enc))
     return out
 
