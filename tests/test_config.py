@@ -9,21 +9,18 @@ import pytest
 import torch
 import yaml
 
-from posenc_cli import config
 from posenc_cli.config import (
-    DataConfig,
-    EvalConfig,
-    ModelConfig,
     Recipe,
-    TrainConfig,
     dump_recipe,
     expand_sweep,
     load_recipe,
     recipe_to_dict,
+    shipped,
     shipped_recipes,
 )
 from posenc_cli.encodings import ENCODINGS
 from posenc_cli.errors import UsageError
+from posenc_cli.tasks.text.schema import DataConfig, EvalConfig, ModelConfig, TrainConfig
 
 ONE_D = [name for name, cls in ENCODINGS.items() if cls.dims == 1]
 BIDIRECTIONAL = [name for name in ONE_D if not ENCODINGS[name].causal_only]
@@ -154,9 +151,9 @@ def test_checkouts_fall_back_to_the_recipes_folder(monkeypatch):
     def no_package(name):
         raise ModuleNotFoundError(name)
 
-    monkeypatch.setattr(config.resources, "files", no_package)
+    monkeypatch.setattr(shipped.resources, "files", no_package)
     assert sorted(shipped_recipes()) == SHIPPED
-    assert (Path(config.__file__).parent.parent / "recipes" / "__init__.py").is_file()
+    assert (Path(shipped.__file__).parents[2] / "recipes" / "__init__.py").is_file()
 
 
 def test_loading_leaves_the_callers_random_state_alone():
