@@ -1,6 +1,6 @@
 """The sections of a detection recipe (``kind: detection``): DETR-lite on a COCO-format set.
 
-Read by the recipe loader (``config.py``) like the other kinds: values converted by declared
+Read by the recipe loader (``config/``) like the other kinds: values converted by declared
 type, keys checked by name; ``validate`` holds the rules across fields. The encoder's position
 setting is two keys, ``model.sine`` (DETR's sinusoid on queries and keys) and ``encoding.name``
 (a 2D registry encoding in the encoder self-attention): see ``detection/detr.py``.

@@ -1,6 +1,6 @@
 """The sections of an image recipe (``kind: image``): a DeiT-style ViT on an image data set.
 
-The recipe loader (``config.py``) reads these dataclasses exactly as it reads the text ones:
+The recipe loader (``config/``) reads these dataclasses exactly as it reads the text ones:
 every value is converted by its declared type, every key checked by name. ``validate`` holds
 the rules a single field's type cannot say.
 """

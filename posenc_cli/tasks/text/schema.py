@@ -1,7 +1,7 @@
 """The sections of a text recipe (the default ``kind: text``): a small Transformer on a
 generated algorithmic task or a character language model.
 
-The recipe loader (``config.py``) reads these dataclasses as it reads every task's: each value
+The recipe loader (``config/``) reads these dataclasses as it reads every task's: each value
 converted by its declared type, each key checked by name; ``validate`` holds the rules a field's
 type cannot say, and ``build_encoding_once`` checks the encoding's parameters.
 """
