@@ -60,7 +60,7 @@ def row_cells(report: dict[str, Any], row: dict[str, Any]) -> list[str]:
 
 
 COLOURS = {"none": "black", "absolute": "tab:orange", "relative": "tab:blue",
-           "rope": "tab:green", "alibi": "tab:red"}  # fmt: skip
+           "rope": "tab:green", "alibi": "tab:red", "not in the article": "tab:gray"}  # fmt: skip
 
 NOTES = (
     "extrapolation: the study's metric at 1x (the longest trained length) and at the longest "
@@ -125,7 +125,8 @@ def save_plot(report: dict[str, Any], out: Path) -> Path:
         extra = (r["studies"].get(first["name"]) or {}).get("extrapolation") if first else None
         x = r["cost"]["time_ratio"] if costs and r["cost"] else r["implementation"]["lines"]
         if extra and extra["ratio"] is not None and x:
-            family = FAMILY.get(r["encoding"], "none")
+            other = "none" if r["encoding"] == "none" else "not in the article"
+            family = FAMILY.get(r["encoding"], other)
             left.scatter(x, extra["ratio"], s=40, label=family, color=COLOURS[family])
             left.annotate(r["encoding"], (x, extra["ratio"]), textcoords="offset points",
                           xytext=(4, 4), fontsize=8)  # fmt: skip
