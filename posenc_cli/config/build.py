@@ -11,7 +11,7 @@ import torch
 from posenc_cli.config.dump import format_value
 from posenc_cli.config.recipe import EncodingConfig, Recipe, Tree
 from posenc_cli.config.where import Where, valid_list
-from posenc_cli.encodings import ENCODINGS, check_params, user_params
+from posenc_cli.encodings import ENCODINGS, check_params, refuse_dims, user_params
 from posenc_cli.errors import UsageError
 from posenc_cli.params import (
     check_fields,
@@ -34,19 +34,18 @@ def section_of(cls: type, values: dict[str, Any], name: str, where: Where) -> An
 
 def encoding_section(values: dict[str, Any], where: Where) -> EncodingConfig:
     schema = task_of(where.kind).schema
+    also = getattr(schema, "ENCODINGS_ALSO", ())  # names taken whatever their dims
     name = where.converted(values.get("name", schema.DEFAULT_ENCODING), str, "encoding.name")
-    valid = [n for n, cls in ENCODINGS.items() if cls.dims in schema.ENCODING_DIMS]
+    valid = [n for n, cls in ENCODINGS.items() if cls.dims in schema.ENCODING_DIMS or n in also]
     if name not in ENCODINGS:
         raise where.error(
             "encoding.name",
             f"unknown encoding {name!r}{close_match(name, valid)}; valid: {valid_list(valid)}",
         )
-    if ENCODINGS[name].dims not in schema.ENCODING_DIMS:
-        raise where.error(
-            "encoding.name",
-            f"{name!r} is a 2D (image grid) encoding; {where.kind} tasks need a 1D one: "
-            f"{valid_list(valid)}",
-        )
+    try:
+        refuse_dims(name, schema.ENCODING_DIMS, f"a {where.kind} recipe", also)
+    except UsageError as err:
+        raise where.error("encoding.name", str(err)) from None
     spec = user_params(name)
     params = {}
     for key, value in values.items():

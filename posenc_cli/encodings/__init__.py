@@ -72,6 +72,25 @@ def encoding_class(name: str) -> type[PositionEncoding]:
     return ENCODINGS[name]
 
 
+# what an encoding is, by its class's ``dims``
+AXES = {1: "a 1D encoding, for sequences", 2: "a 2D encoding, for image grids",
+        3: "an N-D encoding, for any number of axes"}  # fmt: skip
+
+
+def refuse_dims(name: str, dims: tuple[int, ...], model: str, also: tuple[str, ...] = ()) -> None:
+    """The one check that an encoding fits a model: its ``dims`` among ``dims`` (or its name in
+    ``also``), else a UsageError that says what it is and lists what ``model`` takes."""
+    cls = encoding_class(name)
+    if cls.dims in dims or name in also:
+        return
+    valid = [n for n, c in ENCODINGS.items() if c.dims in dims or n in also]
+    kinds = " or ".join(f"{d}D" if d < 3 else "N-D" for d in dims)
+    raise UsageError(
+        f"encoding {name!r} is {AXES[cls.dims]}; {model} takes {kinds} encodings: "
+        f"{', '.join(valid)}"
+    )
+
+
 def user_params(name: str) -> dict[str, tuple[Any, Any]]:
     """The parameters a user may set for ``name``: ``param -> (annotation, default)``."""
     spec = signature_params(encoding_class(name).__init__)
@@ -104,4 +123,11 @@ def build_encoding(name: str, **params: Any) -> PositionEncoding:
     return cls(**model, **check_params(name, params))
 
 
-__all__ = ["ENCODINGS", "PositionEncoding", "build_encoding", "check_params", "user_params"]
+__all__ = [
+    "ENCODINGS",
+    "PositionEncoding",
+    "build_encoding",
+    "check_params",
+    "refuse_dims",
+    "user_params",
+]

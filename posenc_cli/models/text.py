@@ -42,7 +42,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from posenc_cli.encodings import ENCODINGS, build_encoding, encoding_class
+from posenc_cli.encodings import ENCODINGS, build_encoding, encoding_class, refuse_dims
 from posenc_cli.encodings.base import BackboneFacts, PositionEncoding
 from posenc_cli.errors import UsageError
 from posenc_cli.models.blocks import TransformerBlock
@@ -84,11 +84,7 @@ class TextModel(nn.Module):
     ) -> None:
         super().__init__()
         check_model_args(kind, vocab_size, num_classes, dim, depth, heads, mem_len)
-        if encoding_class(encoding).dims != 1:
-            raise UsageError(
-                f"encoding {encoding!r} is for image grids; text models take a 1D encoding: "
-                + ", ".join(n for n, c in ENCODINGS.items() if c.dims == 1)
-            )
+        refuse_dims(encoding, (1,), "a text model")
         self.kind: Kind = kind
         self.mem_len = mem_len
         causal = kind == "lm"

@@ -53,7 +53,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posenc_cli.encodings import ENCODINGS, build_encoding, user_params
+from posenc_cli.encodings import ENCODINGS, build_encoding, refuse_dims, user_params
 from posenc_cli.encodings.base import (
     BackboneFacts,
     PositionEncoding,
@@ -144,9 +144,8 @@ def encoder_encodings(
 ) -> list[PositionEncoding]:
     """One encoding per encoder layer (the same instance for shared ones), wrapped with the sine
     when ``sine`` is given. Grid-sized tables default to a ``grid x grid`` feature map."""
-    if name != "none" and name in ENCODINGS and ENCODINGS[name].dims != 2:
-        valid = ", ".join(k for k, v in ENCODINGS.items() if v.dims == 2)
-        raise UsageError(f"encoding {name!r} is for sequences; DETR-lite takes none, {valid}")
+    if name in ENCODINGS:  # an unknown name is answered by user_params below
+        refuse_dims(name, (2,), "DETR-lite", also=("none",))
     if sine is not None and name == "sincos2d":
         raise UsageError(
             "model.sine=true already adds DETR's sine to q/k; use encoding none with sine, "

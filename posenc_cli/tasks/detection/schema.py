@@ -76,7 +76,8 @@ class DetectionEvalConfig:
 
 
 DEFAULT_ENCODING = "none"
-ENCODING_DIMS = (1, 2)  # sequence encodings read the flattened grid
+ENCODING_DIMS = (2,)  # DETR-lite's encoder runs on the feature grid
+ENCODINGS_ALSO = ("none",)  # no encoding at all (DETR's sine aside)
 SECTIONS: dict[str, type] = {
     "model": DetectionModelConfig,
     "data": DetectionDataConfig,
