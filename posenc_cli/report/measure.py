@@ -76,16 +76,18 @@ def encoding_groups(study: Study) -> dict[str, dict[str, Any]]:
     """The study's groups by encoding name: an encoding at its defaults, or with parameters of
     its own (``rope2d(variant=mixed)``) where the study holds that encoding only once. Groups
     that also sweep other settings are left to ``compare``."""
-    named = {}
+    named: dict[str, dict[str, dict[str, Any]]] = {}  # name -> {label: group}
     for label, group in study.result["groups"].items():
         name = label.split("(", 1)[0]
         if " " not in label and name in ENCODINGS:
-            named.setdefault(name, []).append((label, group))
-    return {
-        name: dict(found)[name] if name in dict(found) else found[0][1]
-        for name, found in named.items()
-        if name in dict(found) or len(found) == 1
-    }
+            named.setdefault(name, {})[label] = group
+    out = {}
+    for name, groups in named.items():
+        if name in groups:  # the defaults, when the study has them
+            out[name] = groups[name]
+        elif len(groups) == 1:
+            out[name] = next(iter(groups.values()))
+    return out
 
 
 def cell_mean(group: dict[str, Any], length: int, metric: str) -> dict[str, Any] | None:
