@@ -35,8 +35,9 @@ import torch
 from torch import Tensor
 
 from posenc_cli.encodings.base import PositionEncoding
-from posenc_cli.encodings.rope import rope_frequencies, rotate_pairs
+from posenc_cli.encodings.rope import rope_frequencies
 from posenc_cli.errors import UsageError
+from posenc_cli.kernels.rotary import rotate_pairs
 
 Layout = Literal["chunked", "interleaved"]
 Frequencies = Literal["shared", "per_axis"]
@@ -99,9 +100,8 @@ class MultiAxisRope(PositionEncoding):
             self.inv_freq = rope_frequencies(head_dim, base)  # (d/2,)
         else:
             freq = torch.zeros(pairs, dtype=torch.float64)
-            for axis, n in enumerate(sections):
-                mine = (self.axis_of_pair == axis).nonzero().flatten()
-                freq[mine] = rope_frequencies(2 * n, base) if n else freq[mine]
+            for axis, n in enumerate(sections):  # each axis restarts the spectrum on its pairs
+                freq[self.axis_of_pair == axis] = rope_frequencies(2 * n, base)
             self.inv_freq = freq
 
     def extra_repr(self) -> str:

@@ -20,7 +20,7 @@ Conventions:
 
 - ``base=None`` (default) takes the paper's value for the variant: 100 for axial, 10 for mixed.
 - Pairs are interleaved, ``(x0, x1), (x2, x3), ...``, as the reference code's complex view and
-  ``rope.py``'s ``layout="interleaved"``; the rotation itself is ``rope.rotate_pairs``.
+  ``rope.py``'s ``layout="interleaved"``; the rotation itself is ``kernels.rotary.rotate_pairs``.
 - Coordinates are 0-based (row, col) from ``grid_positions``. Prefix (class) tokens at
   ``(-1, -1)`` are not rotated, as the reference skips token 0: their angle is forced to 0.
 - ``per_layer`` is True for the class because the mixed variant has per-layer parameters; an
@@ -38,8 +38,9 @@ import torch
 from torch import Tensor, nn
 
 from posenc_cli.encodings.base import PositionEncoding
-from posenc_cli.encodings.rope import rope_frequencies, rotate_pairs
+from posenc_cli.encodings.rope import rope_frequencies
 from posenc_cli.errors import UsageError
+from posenc_cli.kernels.rotary import rotate_pairs
 
 Variant = Literal["axial", "mixed"]
 

@@ -21,8 +21,9 @@ import torch
 from torch import Tensor
 
 from posenc_cli.encodings.base import PositionEncoding
-from posenc_cli.encodings.rope import rope_frequencies, rotate_pairs
+from posenc_cli.encodings.rope import rope_frequencies
 from posenc_cli.errors import UsageError
+from posenc_cli.kernels.rotary import rotary_tables, rotate_pairs
 
 
 class XPos(PositionEncoding):
@@ -64,9 +65,8 @@ class XPos(PositionEncoding):
     def tables(self, positions: Tensor, centre: float, sign: float, dtype: torch.dtype):
         """cos and sin of RoPE's angles times ``zeta ** (sign (p - centre) / B)``, ``(N, d/2)``."""
         p = positions.to(torch.float64)[:, None]
-        angle = p * self.inv_freq.to(positions.device)
         size = self.zeta.to(positions.device) ** (sign * (p - centre) / self.scale_base)
-        return (angle.cos() * size).to(dtype), (angle.sin() * size).to(dtype)
+        return rotary_tables(positions, self.inv_freq, dtype, size)
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         centre = float(k_pos.to(torch.float64).mean()) if k_pos.numel() else 0.0

@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from posenc_cli.kernels.rotary import rotary_tables, rotate_pairs
+
 EPS = 1e-6  # keeps the denominator away from 0 for inputs whose features all vanish
 
 
@@ -40,10 +42,7 @@ def features(x: Tensor) -> Tensor:
 
 def rotate_features(x: Tensor, positions: Tensor, inv_freq: Tensor) -> Tensor:
     """Turn channel pairs ``(2i, 2i + 1)`` of ``x`` ``(..., N, d)`` by ``position * inv_freq_i``."""
-    angle = positions.to(torch.float64)[:, None] * inv_freq.to(torch.float64)  # (N, d/2)
-    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
-    even, odd = x[..., 0::2], x[..., 1::2]
-    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+    return rotate_pairs(x, *rotary_tables(positions, inv_freq, x.dtype), "interleaved")
 
 
 def rotary_linear_attention(
