@@ -33,9 +33,12 @@ def all_metrics() -> list[str]:
     return list(dict.fromkeys(m for task in TASKS.values() for m in task.metrics))
 
 
-def find_runs(paths: list[Path], marker: str = "eval.json") -> list[Path]:
-    """The run folders below ``paths`` that hold ``marker``: evaluated runs by default."""
-    runs: list[Path] = []
+def run_folders(paths: list[Path]) -> tuple[list[Path], list[Path]]:
+    """The evaluated runs (``eval.json``) and the diverged ones (``diverged.json``) below
+    ``paths``, each tree walked once; a path with neither is one line with the fix."""
+    evaluated: list[Path] = []
+    diverged: list[Path] = []
+    markers = {"eval.json": evaluated, DIVERGED: diverged}
     for path in paths:
         if not path.exists():
             raise UsageError(f"{path}: no such run or sweep directory")
@@ -43,16 +46,24 @@ def find_runs(paths: list[Path], marker: str = "eval.json") -> list[Path]:
             raise UsageError(
                 f"{path}: a file, not a run or sweep directory; give its folder, {path.parent}"
             )
-        found = (
-            [path] if (path / marker).is_file() else sorted(p.parent for p in path.rglob(marker))
-        )
-        if not found and marker == "eval.json" and not any(path.rglob(DIVERGED)):
+        here = {name: [path] for name in markers if (path / name).is_file()}
+        if not here:  # a sweep: the runs below it
+            for found in sorted(path.rglob("*.json")):
+                if found.name in markers:
+                    here.setdefault(found.name, []).append(found.parent)
+        if not here:
             raise UsageError(
                 f"{path}: holds no evaluated run (no eval.json); run `posenc "
                 f"train` or `posenc evaluate` first"
             )
-        runs += found
-    return runs
+        for name, folders in here.items():
+            markers[name] += folders
+    return evaluated, diverged
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    """The evaluated run folders below ``paths``."""
+    return run_folders(paths)[0]
 
 
 def is_number(value: Any) -> bool:
@@ -153,14 +164,16 @@ def compare(
     ``fitted_at`` every group gains ``fitted``: its runs whose ``fit_metric`` (the kind's first
     metric by default) reached that value at the longest trained length."""
     by_group: dict[str, list[dict]] = defaultdict(list)
-    for run in find_runs(paths):
+    evaluated, stopped = run_folders(paths)
+    for run in evaluated:
         result = read_evaluation(run / "eval.json")
         by_group[group_label(result, run)].append(result)
     diverged: dict[str, list[int]] = defaultdict(list)
-    for run in find_runs(paths, DIVERGED):
+    for run in stopped:
         record = read_divergence(run / DIVERGED)
-        diverged[group_label(record, run)].append(record["seed"])
-        by_group.setdefault(group_label(record, run), [])
+        label = group_label(record, run)
+        diverged[label].append(record["seed"])
+        by_group.setdefault(label, [])
     groups: dict[str, dict] = {}
     lengths: set[str] = set()
     kinds = {r.get("kind", DEFAULT_KIND) for results in by_group.values() for r in results}
