@@ -5,7 +5,7 @@ PIP := $(VENV)/bin/pip
 POSENC := $(VENV)/bin/posenc
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo bench clean
+.PHONY: install test lint demo bench bench-install clean
 
 install: $(STAMP)
 
@@ -35,6 +35,11 @@ demo: install
 
 bench: install
 	$(PY) benchmarks/attention_overhead.py
+
+# benchmarks/peers.py's extra (not needed by `make test`): x-transformers beside posenc. torch is
+# named on the same line so that pip keeps the pinned wheels instead of resolving its own.
+bench-install: install
+	$(PIP) install --quiet -e '.[bench]' torch==2.14.1 torchvision==0.29.1
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -23,15 +23,12 @@ from posenc_cli.models.attention import Attention
 TARGETS = {"alibi": 1.3, "t5": 1.3, "shaw": 2.0, "rope": 1.2}
 
 
-def layer_step(name: str, batch: int, heads: int, head_dim: int, length: int):
+def layer_step(name: str, batch: int, heads: int, head_dim: int, length: int, causal: bool):
     torch.manual_seed(0)
     dim = heads * head_dim
-    enc = (
-        build_encoding(name, dim=dim, heads=heads, head_dim=head_dim, length=length)
-        if name == "learned"
-        else build_encoding(name, dim=dim, heads=heads, head_dim=head_dim)
-    )
-    att = Attention(dim, heads, enc)
+    extra = {"length": length} if name == "learned" else {}
+    enc = build_encoding(name, dim=dim, heads=heads, head_dim=head_dim, causal=causal, **extra)
+    att = Attention(dim, heads, enc, causal=causal)
     x = torch.randn(batch, length, dim, requires_grad=True)
     positions = torch.arange(length)
 
@@ -41,10 +38,10 @@ def layer_step(name: str, batch: int, heads: int, head_dim: int, length: int):
     return step
 
 
-def measure(names, lengths, batch, heads, head_dim, rounds, seconds):
+def measure(names, lengths, batch, heads, head_dim, rounds, seconds, causal):
     results = {}
     for length in lengths:
-        steps = {n: layer_step(n, batch, heads, head_dim, length) for n in names}
+        steps = {n: layer_step(n, batch, heads, head_dim, length, causal) for n in names}
         for step in steps.values():
             step()  # warm-up
         times = {n: [] for n in names}
@@ -68,20 +65,28 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=1.0, help="per measurement")
+    parser.add_argument("--causal", action="store_true", help="causal self-attention")
+    parser.add_argument("--encodings", default="", help="comma-separated; default every 1D one")
     parser.add_argument("--format", choices=["table", "json"], default="table")
     args = parser.parse_args()
     torch.set_num_threads(2)
     lengths = [int(n) for n in args.lengths.split(",")]
-    names = [n for n in ENCODINGS if ENCODINGS[n].dims == 1]
+    names = [
+        n for n in ENCODINGS
+        if ENCODINGS[n].dims == 1 and (args.causal or not ENCODINGS[n].causal_only)
+    ]  # fmt: skip
+    if args.encodings:
+        names = ["none", *(n for n in args.encodings.split(",") if n != "none")]
     results = measure(
-        names, lengths, args.batch, args.heads, args.head_dim, args.rounds, args.seconds
-    )
+        names, lengths, args.batch, args.heads, args.head_dim, args.rounds, args.seconds,
+        args.causal,
+    )  # fmt: skip
     if args.format == "json":
         print(json.dumps({"setup": vars(args), "results": results}, indent=2))
         return
     table = Table(
-        title=f"attention layer fwd+bwd, B={args.batch} H={args.heads} "
-        f"d={args.head_dim}, CPU 2 threads: time / time(none)"
+        title=f"{'causal ' if args.causal else ''}attention layer fwd+bwd, B={args.batch} "
+        f"H={args.heads} d={args.head_dim}, CPU 2 threads: time / time(none)"
     )
     table.add_column("encoding")
     for length in lengths:

@@ -49,6 +49,8 @@ def slopes(num_heads: int) -> list[float]:
 class ALiBi(PositionEncoding):
     """Adds ``-slope_h * |i - j|`` to head h's logits; nothing learned, shared by all layers."""
 
+    content_free = True  # the bias reads positions only
+    toeplitz = True  # ... and depends on j - i alone
     family = "bias"
     per_layer = False
 

@@ -7,7 +7,9 @@ An encoding overrides only the hooks it needs; the defaults do nothing:
   projections (not the values) in every layer, as DETR does with its 2D sinusoid.
 - ``rotate(q, k, q_pos, k_pos)``: rotary encodings turn q and k by position.
 - ``bias(q, k, q_pos, k_pos)``: an additive logit term ``(B|1, H, Nq, Nk)``, already in logit
-  units (the encoding applies any scale it needs). Content-free biases (T5, ALiBi) ignore q and k.
+  units (the encoding applies any scale it needs). Content-free biases (T5, ALiBi) ignore q and k
+  and say so with ``content_free``: the attention module may then ask for one block of queries
+  at a time, never holding the whole ``(H, Nq, Nk)`` tensor.
 - ``value(attn, q_pos, k_pos)``: a value-side term ``(B, H, Nq, d)`` added to ``attn @ v``
   (Shaw's a^V). An encoding with a value term needs the attention weights, so the attention module
   takes its manual path for it.
@@ -73,6 +75,13 @@ class PositionEncoding(nn.Module):
     per_layer: ClassVar[bool] = False  # own parameters in every layer, else one shared instance
     causal_only: ClassVar[bool] = False  # defined for causal models alone (xPos)
     reads_positions: ClassVar[bool] = True  # False: order comes from the content alone (CoPE)
+    toeplitz: ClassVar[bool] = False  # a content-free bias that depends on j - i alone
+
+    @property
+    def content_free(self) -> bool:
+        """Whether ``bias`` reads the positions alone (q and k only for their dtype and device),
+        so any block of it can be asked for on its own (``kernels/blocked_bias.py``)."""
+        return False
 
     def __init__(self, *, heads: int = 8, head_dim: int = 64, causal: bool = False) -> None:
         super().__init__()
@@ -159,6 +168,10 @@ class WrappedEncoding(PositionEncoding):
     @property
     def uses_value(self) -> bool:
         return self.inner.uses_value
+
+    @property
+    def content_free(self) -> bool:
+        return self.inner.content_free
 
 
 for _name in HOOKS:

@@ -34,6 +34,7 @@ from posenc_cli.errors import UsageError
 class Fire(PositionEncoding):
     """A learned function of ``psi(i - j) / psi(max(L, i))`` per head."""
 
+    content_free = True  # the bias reads positions only
     family = "bias"
     per_layer = True
 

@@ -233,6 +233,10 @@ class ImageRPE(PositionEncoding):
     def uses_value(self) -> bool:
         return "v" in self.on
 
+    @property
+    def content_free(self) -> bool:
+        return self.mode == "bias"  # tables looked up by bucket, no q or k in them
+
     def extra_repr(self) -> str:
         ratios = ", ".join(f"{a:g}:{b:g}:{g:g}" for a, b, g in self.scales)
         return (

@@ -34,6 +34,8 @@ Kernel = Literal["log", "power"]
 class Kerple(PositionEncoding):
     """``-r1 log(1 + r2 |i - j|)`` or ``-r1 |i - j|^r2`` per head, both learned."""
 
+    content_free = True  # the bias reads positions only
+    toeplitz = True  # ... and depends on j - i alone
     family = "bias"
     per_layer = True
 

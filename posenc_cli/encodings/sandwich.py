@@ -27,6 +27,8 @@ from posenc_cli.errors import UsageError
 class Sandwich(PositionEncoding):
     """``(sum_k cos((i - j) / 10000^(2k/d')) - d'/2) / (8h / H)`` per head ``h``."""
 
+    content_free = True  # the bias reads positions only
+    toeplitz = True  # ... and depends on j - i alone
     family = "bias"
     per_layer = False
 

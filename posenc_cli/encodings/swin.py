@@ -49,6 +49,7 @@ def grid_span(positions: Tensor) -> tuple[int, int]:
 class SwinBias(PositionEncoding):
     """Swin's learned bias per head and 2D offset, plus one bias for prefix-token pairs."""
 
+    content_free = True  # the bias reads positions only
     family = "bias"
     dims = 2
     extrapolates = False

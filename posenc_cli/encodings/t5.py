@@ -88,6 +88,8 @@ def relative_position_bucket(
 class T5Bias(PositionEncoding):
     """A learned scalar per (bucket, head) added to the logits; one instance for all layers."""
 
+    content_free = True  # the bias reads positions only
+    toeplitz = True  # ... and depends on j - i alone
     family = "bias"
     per_layer = False
 

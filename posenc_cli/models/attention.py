@@ -8,6 +8,9 @@ Paths:
 - the encoding's own: an encoding may compute the whole attention itself (``attend``; Shaw's
   and T5's clipped terms on the flash kernel), asked first when there is no key mask and no
   dropout.
+- blocked: a content-free bias (``content_free``) on long inputs is asked of the encoding one
+  block of queries at a time (``kernels/blocked_bias.py``): memory linear in N, and under a
+  causal mask each block sees only its keys, as the kernel's own ``is_causal`` does.
 - window: with ``window=k`` on an image grid, each patch attends to its k x k neighbourhood and
   the prefix tokens (``models/window.py``), O(N k^2 d) instead of O(N^2 d).
 
@@ -24,6 +27,7 @@ from torch import Tensor, nn
 from posenc_cli.encodings.absolute import NoPosition
 from posenc_cli.encodings.base import PositionEncoding
 from posenc_cli.errors import UsageError
+from posenc_cli.kernels import blocked_bias
 from posenc_cli.kernels.biased_sdpa import EXPLICIT_MAX_PAIRS, biased_attention
 from posenc_cli.models.window import window_attention
 
@@ -136,6 +140,8 @@ class Attention(nn.Module):
             out = self.encoding.attend(q, k, v, q_pos, k_pos, scale, self.causal)
             if out is not None:
                 return self.merge_heads(out)
+            if self.encoding.content_free and blocked_bias.worth(q, k, self.causal):
+                return self.merge_heads(self.blocked(q, k, v, q_pos, k_pos, scale))
         bias = self.encoding.bias(q, k, q_pos, k_pos)  # (B|1, H, N, Nk) or None
         mask = attention_mask(q_pos, k_pos, self.causal, key_mask)
         small = N * Nk <= EXPLICIT_MAX_PAIRS and bias is not None and bias.requires_grad
@@ -145,6 +151,23 @@ class Attention(nn.Module):
             plain_causal = self.causal and key_mask is None and N == Nk
             out = self.fused(q, k, v, bias, mask, scale, drop, plain_causal)
         return self.merge_heads(out)
+
+    def blocked(self, q, k, v, q_pos, k_pos, scale) -> Tensor:
+        """A content-free bias asked for one block of queries at a time: never the whole
+        ``(H, Nq, Nk)`` tensor, and under a causal mask only the keys each block sees."""
+        encoding = self.encoding
+
+        def bias_of_block(rows: Tensor, keys: Tensor) -> Tensor:
+            return encoding.bias(q, k, rows, keys)
+
+        if encoding.toeplitz and k_pos.dim() == 1:
+            bias_of_block, table = blocked_bias.distance_table(bias_of_block, q_pos, k_pos)
+            learned = [table] if table.requires_grad else []
+        else:
+            learned = [p for p in encoding.parameters() if p.requires_grad]
+        return blocked_bias.blocked_bias_attention(
+            q, k, v, q_pos, k_pos, bias_of_block, learned, scale, self.causal
+        )
 
     def fused(self, q, k, v, bias, mask, scale, drop, plain_causal) -> Tensor:
         if bias is None and plain_causal:

@@ -1,0 +1,152 @@
+"""The blocked content-free bias path against dense attention in float64: values, gradients of
+q, k, v and of the encodings' own parameters, causal masks, memory keys, prefix tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posenc_cli.encodings import build_encoding, encoding_class
+from posenc_cli.encodings.base import BackboneFacts, grid_positions
+from posenc_cli.kernels import blocked_bias
+from posenc_cli.models.attention import Attention
+
+ONE_D = ["alibi", "kerple", "sandwich", "fire", "t5"]
+
+
+def dense(q, k, v, bias, q_pos, k_pos, scale, causal):
+    logits = q @ k.transpose(-2, -1) * scale + bias
+    if causal:
+        logits = logits.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
+    return logits.softmax(-1) @ v
+
+
+def qkv(heads, queries, keys, head_dim=8, batch=2):
+    shapes = [(batch, heads, queries, head_dim)] + [(batch, heads, keys, head_dim)] * 2
+    return [torch.randn(s, dtype=torch.float64, requires_grad=True) for s in shapes]
+
+
+def grads_of(out, inputs, seed):
+    torch.manual_seed(seed)
+    return torch.autograd.grad(out, inputs, torch.randn_like(out))
+
+
+@pytest.mark.parametrize("name", ONE_D)
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("memory", [0, 7])
+def test_kernel_equals_dense_attention(name, causal, memory):
+    torch.manual_seed(0)
+    enc = build_encoding(name, dim=32, heads=4, head_dim=8, causal=causal).double()
+    N = 45
+    q, k, v = qkv(4, N, N + memory)
+    k_pos = torch.arange(3, 3 + N + memory)  # not from 0: positions are used, not indices
+    q_pos = k_pos[memory:]
+    learned = [p for p in enc.parameters() if p.requires_grad]
+    inputs = [q, k, v, *learned]
+    out = blocked_bias.blocked_bias_attention(
+        q, k, v, q_pos, k_pos, lambda r, c: enc.bias(q, k, r, c), learned, 8**-0.5, causal, 16
+    )
+    ref = dense(q, k, v, enc.bias(q, k, q_pos, k_pos), q_pos, k_pos, 8**-0.5, causal)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    for got, want in zip(grads_of(out, inputs, 1), grads_of(ref, inputs, 1), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-11)
+
+
+@pytest.mark.parametrize("name", ["alibi", "kerple", "sandwich", "t5"])
+def test_distance_table_gives_the_encodings_own_bias(name):
+    """The Toeplitz shortcut: a lookup of the bias at each distance is the bias itself."""
+    enc = build_encoding(name, dim=32, heads=4, head_dim=8).double()
+    assert enc.toeplitz
+    q = torch.zeros(1, 4, 1, 8, dtype=torch.float64)
+    k_pos = torch.arange(5, 60)
+    q_pos = k_pos[10:]
+    gather, table = blocked_bias.distance_table(lambda r, c: enc.bias(q, q, r, c), q_pos, k_pos)
+    assert table.shape == (4, (59 - 15) - (5 - 59) + 1)
+    rows, keys = q_pos[7:30], k_pos[2:50]
+    torch.testing.assert_close(gather(rows, keys), enc.bias(q, q, rows, keys), rtol=0, atol=0)
+
+
+def test_only_a_block_of_bias_is_ever_asked_for():
+    """Memory linear in N: no call builds more than one block of queries."""
+    enc = build_encoding("kerple", dim=32, heads=4, head_dim=8, causal=True).double()
+    asked = []
+
+    def bias_of_block(rows, keys):
+        asked.append((len(rows), len(keys)))
+        return enc.bias(q, k, rows, keys)
+
+    q, k, v = qkv(4, 100, 100)
+    pos = torch.arange(100)
+    learned = list(enc.parameters())
+    out = blocked_bias.blocked_bias_attention(
+        q, k, v, pos, pos, bias_of_block, learned, 0.3, True, 32
+    )
+    out.sum().backward()
+    assert max(rows for rows, _ in asked) == 32
+    # causal: each block of consecutive positions sees the keys up to its own end only
+    assert asked[:4] == [(32, 32), (32, 64), (32, 96), (4, 100)]
+
+
+def two_d_attention(name, **params):
+    facts = BackboneFacts(dim=32, heads=4, height=5, width=6, prefix_tokens=1)
+    enc = encoding_class(name)(**facts.for_encoding(encoding_class(name), params))
+    return Attention(32, 4, enc).double()
+
+
+@pytest.mark.parametrize(
+    "name, params",
+    [("swin", {}), ("irpe", {"mode": "bias", "on": "qk"}), ("alibi", {}), ("kerple", {})],
+)
+def test_attention_module_takes_the_blocked_path_with_the_same_result(monkeypatch, name, params):
+    torch.manual_seed(0)
+    if name in ("swin", "irpe"):
+        att = two_d_attention(name, **params)
+        positions = grid_positions(5, 6, prefix=1)
+    else:
+        att = Attention(32, 4, build_encoding(name, dim=32, heads=4, head_dim=8)).double()
+        positions = torch.arange(31)
+    assert att.encoding.content_free
+    x = torch.randn(2, 31, 32, dtype=torch.float64, requires_grad=True)
+    inputs = [x, *att.parameters()]
+
+    def run(blocked: bool):
+        monkeypatch.setattr(blocked_bias, "MIN_PAIRS", 1 if blocked else 1 << 40)
+        monkeypatch.setattr(blocked_bias, "BLOCK", 8)
+        calls = []
+        real = blocked_bias.blocked_bias_attention
+        monkeypatch.setattr(
+            blocked_bias, "blocked_bias_attention",
+            lambda *a, **kw: calls.append(1) or real(*a, **kw),
+        )  # fmt: skip
+        out = att(x, positions=positions)
+        return out, grads_of(out, inputs, 2), bool(calls)
+
+    fast, fast_grads, took = run(True)
+    slow, slow_grads, took_slow = run(False)
+    assert took and not took_slow
+    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-12)
+    for got, want in zip(fast_grads, slow_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-11)
+
+
+def test_contextual_irpe_is_not_content_free():
+    enc = build_encoding("irpe", dim=32, heads=4, head_dim=8)
+    assert not enc.content_free
+
+
+def test_causal_module_path_with_memory_matches_dense(monkeypatch):
+    """Keys longer than queries under a causal mask, through the module."""
+    monkeypatch.setattr(blocked_bias, "CAUSAL_MIN_KEYS", 1)
+    monkeypatch.setattr(blocked_bias, "BLOCK", 8)
+    torch.manual_seed(0)
+    enc = build_encoding("kerple", dim=32, heads=4, head_dim=8, causal=True)
+    att = Attention(32, 4, enc, causal=True).double()
+    x = torch.randn(2, 20, 32, dtype=torch.float64)
+    memory = torch.randn(2, 9, 32, dtype=torch.float64)
+    out = att(x, memory=memory)
+    context = torch.cat([memory, x], 1)
+    q = att.split_heads(att.q(x))
+    k, v = (att.split_heads(t) for t in att.kv(context).chunk(2, -1))
+    k_pos = torch.arange(29)
+    ref = dense(q, k, v, enc.bias(q, k, k_pos[9:], k_pos), k_pos[9:], k_pos, 8**-0.5, True)
+    torch.testing.assert_close(out, att.merge_heads(ref), rtol=0, atol=1e-12)
