@@ -10,6 +10,8 @@ An encoding overrides only the hooks it needs; the defaults do nothing:
   units (the encoding applies any scale it needs). Content-free biases (T5, ALiBi) ignore q and k
   and say so with ``content_free``: the attention module may then ask for one block of queries
   at a time, never holding the whole ``(H, Nq, Nk)`` tensor.
+- ``score_mod(q, q_pos, k_pos)``: the GPU path's form of a content-free bias (FlexAttention);
+  derived from ``bias`` for ``toeplitz`` encodings, written by hand only for the others (FIRE).
 - ``value(attn, q_pos, k_pos)``: a value-side term ``(B, H, Nq, d)`` added to ``attn @ v``
   (Shaw's a^V). An encoding with a value term needs the attention weights, so the attention module
   takes its manual path for it.
@@ -75,7 +77,9 @@ class PositionEncoding(nn.Module):
     per_layer: ClassVar[bool] = False  # own parameters in every layer, else one shared instance
     causal_only: ClassVar[bool] = False  # defined for causal models alone (xPos)
     reads_positions: ClassVar[bool] = True  # False: order comes from the content alone (CoPE)
-    toeplitz: ClassVar[bool] = False  # a content-free bias that depends on j - i alone
+    # a content-free bias that depends on the offset alone (j - i; on grids the 2D offset, and
+    # for prefix tokens only on which side they are)
+    toeplitz: ClassVar[bool] = False
 
     @property
     def content_free(self) -> bool:
@@ -117,6 +121,13 @@ class PositionEncoding(nn.Module):
         return None
 
     def value(self, attn: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        return None
+
+    def score_mod(self, q: Tensor, q_pos: Tensor, k_pos: Tensor):
+        """The bias as a FlexAttention ``score_mod(score, b, h, q_idx, kv_idx)`` for the GPU
+        path, or None. Only content-free encodings whose bias is not a function of the offset
+        alone write one (FIRE); ``toeplitz`` ones get theirs from ``bias`` itself
+        (``models/flex_path.py``)."""
         return None
 
     def attend(
@@ -172,6 +183,10 @@ class WrappedEncoding(PositionEncoding):
     @property
     def content_free(self) -> bool:
         return self.inner.content_free
+
+    @property
+    def toeplitz(self) -> bool:
+        return self.inner.toeplitz
 
 
 for _name in HOOKS:

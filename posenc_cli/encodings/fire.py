@@ -77,3 +77,23 @@ class Fire(PositionEncoding):
         scale = self.psi(torch.maximum(rows, threshold))[:, None]  # (Nq, 1)
         ratio = self.psi(distance.to(dtype)) / scale  # (Nq, Nk)
         return self.mlp(ratio[..., None]).permute(2, 0, 1).unsqueeze(0)
+
+    def score_mod(self, q: Tensor, q_pos: Tensor, k_pos: Tensor):
+        """The same function, one pair at a time, for FlexAttention: the MLP's hidden units are
+        summed one by one (a scalar input per pair, so no (pair, hidden) tensor)."""
+        first, second = self.mlp[0], self.mlp[2]
+        w_in, b_in = first.weight[:, 0], first.bias  # (hidden,)
+        w_out, b_out = second.weight, second.bias  # (heads, hidden), (heads,)
+        threshold = self.threshold.clamp(min=1.0)
+        causal = self.causal
+
+        def mod(score, b, h, q_idx, kv_idx):
+            i, j = q_pos[q_idx].to(w_in.dtype), k_pos[kv_idx].to(w_in.dtype)
+            distance = (i - j).clamp(min=0) if causal else (i - j).abs()
+            ratio = self.psi(distance) / self.psi(torch.maximum(i, threshold))
+            total = b_out[h]
+            for unit in range(len(w_in)):
+                total = total + w_out[h, unit] * torch.relu(w_in[unit] * ratio + b_in[unit])
+            return score + total.to(score.dtype)
+
+        return mod

@@ -237,6 +237,10 @@ class ImageRPE(PositionEncoding):
     def content_free(self) -> bool:
         return self.mode == "bias"  # tables looked up by bucket, no q or k in them
 
+    @property
+    def toeplitz(self) -> bool:
+        return self.mode == "bias"  # buckets of the 2D offset (and the prefix bucket)
+
     def extra_repr(self) -> str:
         ratios = ", ".join(f"{a:g}:{b:g}:{g:g}" for a, b, g in self.scales)
         return (

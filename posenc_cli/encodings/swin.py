@@ -50,6 +50,7 @@ class SwinBias(PositionEncoding):
     """Swin's learned bias per head and 2D offset, plus one bias for prefix-token pairs."""
 
     content_free = True  # the bias reads positions only
+    toeplitz = True  # ... and depends on the 2D offset alone (and on prefix tokens)
     family = "bias"
     dims = 2
     extrapolates = False

@@ -11,6 +11,8 @@ Paths:
 - blocked: a content-free bias (``content_free``) on long inputs is asked of the encoding one
   block of queries at a time (``kernels/blocked_bias.py``): memory linear in N, and under a
   causal mask each block sees only its keys, as the kernel's own ``is_causal`` does.
+- flex (CUDA): a content-free bias as a FlexAttention score_mod and the causal or window mask
+  as a block mask (``kernels/flex.py``), compiled once per shape; no (H, N, N) tensor.
 - window: with ``window=k`` on an image grid, each patch attends to its k x k neighbourhood and
   the prefix tokens (``models/window.py``), O(N k^2 d) instead of O(N^2 d).
 
@@ -27,8 +29,9 @@ from torch import Tensor, nn
 from posenc_cli.encodings.absolute import NoPosition
 from posenc_cli.encodings.base import PositionEncoding
 from posenc_cli.errors import UsageError
-from posenc_cli.kernels import blocked_bias
+from posenc_cli.kernels import blocked_bias, flex
 from posenc_cli.kernels.biased_sdpa import EXPLICIT_MAX_PAIRS, biased_attention
+from posenc_cli.models import flex_path
 from posenc_cli.models.window import window_attention
 
 
@@ -126,6 +129,9 @@ class Attention(nn.Module):
         k, v = (self.split_heads(t) for t in kv.chunk(2, dim=-1))
         q, k = self.encoding.rotate(q, k, q_pos, k_pos)
         scale = self.encoding.logit_scale()
+        drop = self.dropout if self.training else 0.0
+        if q.is_cuda and key_mask is None and drop == 0.0 and self.flex_serves(memory, k_pos):
+            return self.merge_heads(self.flex(q, k, v, q_pos, k_pos, scale))
         if self.window is not None:
             if memory is not None or key_mask is not None or k_pos.dim() != 2:
                 raise UsageError(
@@ -135,7 +141,6 @@ class Attention(nn.Module):
             out = window_attention(q, k, v, self.encoding, k_pos, self.window, scale)
             return self.merge_heads(out)
 
-        drop = self.dropout if self.training else 0.0
         if key_mask is None and drop == 0.0:
             out = self.encoding.attend(q, k, v, q_pos, k_pos, scale, self.causal)
             if out is not None:
@@ -151,6 +156,29 @@ class Attention(nn.Module):
             plain_causal = self.causal and key_mask is None and N == Nk
             out = self.fused(q, k, v, bias, mask, scale, drop, plain_causal)
         return self.merge_heads(out)
+
+    def flex_serves(self, memory, k_pos) -> bool:
+        """Whether the GPU path covers this call: a content-free bias (or, in window attention
+        on a grid, no position term in the logits at all)."""
+        if not flex.available():
+            return False
+        if self.window is not None:
+            plain = self.encoding.family in ("none", "absolute", "rotary")
+            grid = memory is None and k_pos.dim() == 2
+            return grid and (self.encoding.content_free or plain)
+        return self.encoding.content_free
+
+    def flex(self, q, k, v, q_pos, k_pos, scale) -> Tensor:
+        """FlexAttention: the bias as a score_mod, the causal or window mask as a block mask."""
+        mod = flex_path.score_mod_for(self.encoding, q, q_pos, k_pos) if (
+            self.encoding.content_free
+        ) else None  # fmt: skip
+        mask = None
+        if self.window is not None:
+            mask = flex.window_mask(k_pos, self.window)
+        elif self.causal:
+            mask = flex.causal_mask(q_pos, k_pos)
+        return flex.attention(q, k, v, mod, mask, scale)
 
     def blocked(self, q, k, v, q_pos, k_pos, scale) -> Tensor:
         """A content-free bias asked for one block of queries at a time: never the whole

@@ -1,0 +1,110 @@
+"""The GPU path: biases as FlexAttention ``score_mod`` functions, masks as block masks.
+
+``torch.nn.attention.flex_attention`` fuses an elementwise ``score_mod(score, b, h, q_idx,
+kv_idx)`` into a flash-style kernel and skips the blocks a ``BlockMask`` rules out, so a bias
+costs no ``(H, N, N)`` tensor and a causal or window mask skips its blocks. Captured tensors (the
+tables below) receive gradients. The compiled kernel runs on CUDA; on the CPU FlexAttention runs
+eagerly and only without gradients (torch 2.14 raises in the backward), which is how the tests
+pin every ``score_mod`` against the explicit path.
+
+The score_mods here read small tables, never a per-pair tensor:
+- ``distance_mod``: a bias of ``j - i`` alone (ALiBi, T5, KERPLE, Sandwich), ``(H, distances)``;
+- ``offset_mod``: a bias of the 2D offset alone (Swin, iRPE's bias mode), ``(H, 2R+1, 2C+1)``,
+  with one value per head for each way a prefix (class) token takes part.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from functools import lru_cache
+
+import torch
+from torch import Tensor
+
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+def available() -> bool:
+    try:
+        from torch.nn.attention import flex_attention  # noqa: F401
+    except ImportError:  # pragma: no cover - every torch this project pins has it
+        return False
+    return True
+
+
+def distance_mod(table: Tensor, q_pos: Tensor, k_pos: Tensor, low: int) -> ScoreMod:
+    """``score + table[h, k_pos[j] - q_pos[i] - low]``."""
+
+    def mod(score, b, h, q_idx, kv_idx):
+        return score + table[h, k_pos[kv_idx] - q_pos[q_idx] - low]
+
+    return mod
+
+
+def offset_mod(table: Tensor, prefix: Tensor, q_pos: Tensor, k_pos: Tensor) -> ScoreMod:
+    """``score + table[h, dr + R, dc + C]`` for grid pairs (``d`` = query minus key), and
+    ``prefix[h, 0 | 1 | 2]`` where the query, the key, or both are prefix tokens."""
+    reach_r, reach_c = (table.shape[1] - 1) // 2, (table.shape[2] - 1) // 2
+
+    def mod(score, b, h, q_idx, kv_idx):
+        qr, qc = q_pos[q_idx, 0], q_pos[q_idx, 1]
+        kr, kc = k_pos[kv_idx, 0], k_pos[kv_idx, 1]
+        q_prefix, k_prefix = qr < 0, kr < 0
+        rows = (qr - kr + reach_r).clamp(0, 2 * reach_r)  # clamped: prefix pairs read row 0
+        cols = (qc - kc + reach_c).clamp(0, 2 * reach_c)
+        on_grid = table[h, rows, cols]
+        case = torch.where(q_prefix & k_prefix, 2, torch.where(q_prefix, 0, 1))
+        return score + torch.where(q_prefix | k_prefix, prefix[h, case], on_grid)
+
+    return mod
+
+
+def causal_mask(q_pos: Tensor, k_pos: Tensor):
+    def mask(b, h, q_idx, kv_idx):
+        return k_pos[kv_idx] <= q_pos[q_idx]
+
+    return mask
+
+
+def window_mask(k_pos: Tensor, window: int):
+    """A ``window x window`` neighbourhood on the grid; prefix tokens see and are seen by all."""
+    reach = window // 2
+
+    def mask(b, h, q_idx, kv_idx):
+        qr, qc = k_pos[q_idx, 0], k_pos[q_idx, 1]  # queries are the keys: self-attention
+        kr, kc = k_pos[kv_idx, 0], k_pos[kv_idx, 1]
+        near = ((qr - kr).abs() <= reach) & ((qc - kc).abs() <= reach)
+        return near | (qr < 0) | (kr < 0)
+
+    return mask
+
+
+@lru_cache(maxsize=1)
+def _compiled():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    score_mod: ScoreMod | None,
+    mask_mod=None,
+    scale: float | None = None,
+) -> Tensor:
+    """FlexAttention with ``score_mod`` and a block mask built from ``mask_mod``: compiled on
+    CUDA (once per shape, by torch.compile's cache), eager elsewhere (forward only)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    block_mask = None
+    if mask_mod is not None:
+        Nq, Nk = q.shape[-2], k.shape[-2]
+        block_mask = create_block_mask(mask_mod, None, None, Nq, Nk, device=q.device)
+    if q.is_cuda:
+        return _compiled()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+    with warnings.catch_warnings():  # eager on purpose: the CPU has no compiled form to use
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)

@@ -1,0 +1,129 @@
+"""The GPU path's score_mods and block masks against the explicit path.
+
+On the CPU FlexAttention runs eagerly without gradients (torch 2.14 raises in its backward), so
+every score_mod is checked there under ``torch.no_grad()``; values and gradients of the compiled
+kernel are checked on CUDA, skipped cleanly without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posenc_cli.encodings import build_encoding, encoding_class
+from posenc_cli.encodings.base import BackboneFacts, grid_positions
+from posenc_cli.kernels import flex
+from posenc_cli.models import flex_path
+from posenc_cli.models.attention import Attention
+from posenc_cli.models.window import window_attention
+
+ONE_D = ["alibi", "t5", "kerple", "sandwich", "fire"]
+TWO_D = [
+    ("swin", {}),
+    ("irpe", {"mode": "bias", "on": "k"}),
+    ("irpe", {"mode": "bias", "on": "qk"}),
+    ("irpe", {"mode": "bias", "method": "cross", "on": "qk"}),
+]
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def dense(q, k, v, bias, mask, scale):
+    logits = q @ k.transpose(-2, -1) * scale + bias
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    return logits.softmax(-1) @ v
+
+
+def grid_encoding(name, params, height=4, width=5, prefix=1):
+    facts = BackboneFacts(dim=32, heads=4, height=height, width=width, prefix_tokens=prefix)
+    cls = encoding_class(name)
+    enc = cls(**facts.for_encoding(cls, params))
+    for p in enc.parameters():  # learned tables start at zero in some encodings: make them count
+        torch.nn.init.normal_(p, std=0.5)
+    return enc
+
+
+def randn(*shape):
+    return torch.randn(*shape, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("name", ONE_D)
+@pytest.mark.parametrize("causal", [True, False])
+def test_one_d_score_mods_equal_the_bias(name, causal):
+    torch.manual_seed(0)
+    enc = build_encoding(name, dim=32, heads=4, head_dim=8, causal=causal).double()
+    memory, N = 5, 33
+    k_pos = torch.arange(7, 7 + memory + N)  # not from 0, keys longer than queries
+    q_pos = k_pos[memory:]
+    q, k, v = randn(2, 4, N, 8), randn(2, 4, N + memory, 8), randn(2, 4, N + memory, 8)
+    mask = (k_pos[None, :] <= q_pos[:, None]) if causal else None
+    with torch.no_grad():
+        mod = flex_path.score_mod_for(enc, q, q_pos, k_pos)
+        got = flex.attention(q, k, v, mod, flex.causal_mask(q_pos, k_pos) if causal else None, 0.3)
+        want = dense(q, k, v, enc.bias(q, k, q_pos, k_pos), mask, 0.3)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+def test_fire_past_its_threshold_takes_the_per_row_normaliser():
+    torch.manual_seed(0)
+    enc = build_encoding("fire", dim=32, heads=4, head_dim=8, causal=True, threshold=8.0).double()
+    pos = torch.arange(40)
+    q, k, v = randn(1, 4, 40, 8), randn(1, 4, 40, 8), randn(1, 4, 40, 8)
+    with torch.no_grad():
+        got = flex.attention(q, k, v, enc.score_mod(q, pos, pos), flex.causal_mask(pos, pos))
+        want = dense(q, k, v, enc.bias(q, k, pos, pos), pos[None, :] <= pos[:, None], 8**-0.5)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name, params", TWO_D)
+def test_two_d_score_mods_equal_the_bias_with_prefix_tokens(name, params):
+    torch.manual_seed(0)
+    enc = grid_encoding(name, params).double()
+    assert enc.content_free and enc.toeplitz
+    pos = grid_positions(4, 5, prefix=1)
+    q, k, v = (randn(2, 4, len(pos), 8) for _ in range(3))
+    with torch.no_grad():
+        got = flex.attention(q, k, v, flex_path.score_mod_for(enc, q, pos, pos), None, 0.3)
+        want = dense(q, k, v, enc.bias(q, k, pos, pos), None, 0.3)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name, params", [("swin", {}), ("irpe", {"mode": "bias", "on": "k"})])
+def test_window_block_mask_equals_window_attention(name, params):
+    torch.manual_seed(0)
+    enc = grid_encoding(name, params, height=6, width=6).double()
+    pos = grid_positions(6, 6, prefix=1)
+    q, k, v = (randn(2, 4, len(pos), 8) for _ in range(3))
+    with torch.no_grad():
+        mod = flex_path.score_mod_for(enc, q, pos, pos)
+        got = flex.attention(q, k, v, mod, flex.window_mask(pos, 3), 0.3)
+        want = window_attention(q, k, v, enc, pos, 3, 0.3)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+def test_content_dependent_encodings_are_left_to_the_other_paths():
+    att = Attention(32, 4, build_encoding("shaw", dim=32, heads=4, head_dim=8))
+    assert not att.flex_serves(None, torch.arange(8))
+    assert Attention(32, 4, build_encoding("alibi", heads=4, head_dim=8)).flex_serves(
+        None, torch.arange(8)
+    )
+
+
+@cuda
+@pytest.mark.parametrize("name", ONE_D)
+def test_cuda_values_and_gradients_match_the_cpu_path(name):
+    torch.manual_seed(0)
+    enc = build_encoding(name, dim=64, heads=4, head_dim=16, causal=True)
+    cpu = Attention(64, 4, enc, causal=True)
+    gpu = Attention(64, 4, build_encoding(name, dim=64, heads=4, head_dim=16, causal=True))
+    gpu.load_state_dict(cpu.state_dict())
+    gpu = gpu.cuda()
+    x = torch.randn(2, 300, 64)
+    outs, grads = [], []
+    for att, xs in ((cpu, x.clone().requires_grad_()), (gpu, x.cuda().requires_grad_())):
+        out = att(xs)
+        out.square().sum().backward()
+        outs.append(out.detach().cpu())
+        grads.append([p.grad.cpu() for p in att.parameters()] + [xs.grad.cpu()])
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-3, atol=1e-4)
+    for got, want in zip(grads[1], grads[0], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-3)
