@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from posenc_cli.encodings import build_encoding
+from posenc_cli.models.attention import Attention
 
 H, D = 4, 8  # heads, head dim
 
@@ -293,3 +294,26 @@ def test_pope_scores_are_magnitudes_times_positional_phases_per_pair():
         return rq @ rk.transpose(-2, -1)
 
     assert_same_values_and_gradients(enc, fast, literal)
+
+
+def test_fox_rides_inside_the_causal_kernel_with_the_dense_result():
+    """``c_i - c_j`` as one more q/k channel: the same outputs and gradients as the explicit
+    bias under the causal mask, and no shortcut once keys outnumber queries."""
+    torch.manual_seed(0)
+    enc = build_encoding("fox", heads=4, head_dim=8)
+    torch.nn.init.normal_(enc.weight, std=1.0)  # gates that differ per token
+    att = Attention(32, 4, enc, causal=True).double()
+    x = torch.randn(2, 50, 32, dtype=torch.float64, requires_grad=True)
+    inputs = [x, *att.parameters()]
+    out = att(x)
+    got = torch.autograd.grad(out.square().sum(), inputs)
+    q = att.split_heads(att.q(x))
+    k, v = (att.split_heads(t) for t in att.kv(x).chunk(2, -1))
+    pos = torch.arange(50)
+    logits = q @ k.transpose(-2, -1) * 8**-0.5 + enc.bias(q, k, pos, pos)
+    ref = att.merge_heads(logits.masked_fill(pos[None] > pos[:, None], -torch.inf).softmax(-1) @ v)
+    want = torch.autograd.grad(ref.square().sum(), inputs)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-11)
+    assert enc.attend(q[:, :, 10:], k, v, pos[10:], pos, 8**-0.5, True) is None

@@ -49,9 +49,34 @@ class ForgettingGate(PositionEncoding):
     def extra_repr(self) -> str:
         return f"heads={self.heads}"
 
-    def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    def forgotten(self, k: Tensor) -> Tensor:
+        """``c_l``, the prefix sum of log forget gates per head, ``(B, H, Nk)``."""
         w, b = self.weight.to(k.dtype), self.offset.to(k.dtype)
         log_f = F.logsigmoid((k * w[None, :, None, :]).sum(-1) + b[None, :, None])  # (B, H, Nk)
-        c = log_f.cumsum(-1)  # (B, H, Nk)
+        return log_f.cumsum(-1)
+
+    def attend(self, q, k, v, q_pos, k_pos, scale, causal) -> Tensor | None:
+        """``c_i - c_j``: the ``c_i`` of the query is one constant per softmax row, which softmax
+        ignores, so only ``-c_j``, one number per key, is left. Carried as one more channel of
+        q (``1 / scale``) and k (``-c_j``), the whole bias rides inside SDPA's own causal kernel:
+        no (B, H, N, N) tensor, and the upper triangle skipped. Exact up to rounding of the
+        logits (``|c|`` grows about linearly with N). Square self-attention only: SDPA's
+        ``is_causal`` aligns the mask top-left, which is wrong once keys outnumber queries."""
+        if (
+            not causal
+            or q.shape[-2] != k.shape[-2]
+            or q.dtype not in (torch.float32, torch.float64)
+        ):
+            return None
+        c = self.forgotten(k)  # (B, H, N)
+        ones = torch.full_like(q[..., :1], 1.0 / scale)
+        q_plus = torch.cat([q, ones], dim=-1)
+        k_plus = torch.cat([k, -c[..., None]], dim=-1)
+        v_plus = F.pad(v, (0, 1))  # SDPA's CPU flash kernel wants one head width for q, k, v
+        out = F.scaled_dot_product_attention(q_plus, k_plus, v_plus, is_causal=True, scale=scale)
+        return out[..., :-1]
+
+    def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        c = self.forgotten(k)  # (B, H, Nk)
         c_q = c[..., c.shape[-1] - q.shape[-2] :]  # the queries are the last keys
         return c_q[..., :, None] - c[..., None, :]  # (B, H, Nq, Nk); above the diagonal: masked

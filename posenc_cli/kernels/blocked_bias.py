@@ -90,7 +90,8 @@ def distance_table(
     table = bias_of_block(q_pos.new_zeros(1), distances)[0, :, 0]  # (H, n): key j - i at i = 0
 
     def gather(rows: Tensor, keys: Tensor) -> Tensor:
-        ids = keys[None, :] - rows[:, None] - low  # (rows, keys)
+        # int32 ids, shifted before the broadcast: one (rows, keys) index tensor, half the bytes
+        ids = keys.to(torch.int32)[None, :] - (rows.to(torch.int32) + low)[:, None]
         return table.index_select(1, ids.flatten()).view(1, -1, *ids.shape)
 
     return gather, table
