@@ -44,7 +44,16 @@ def test_kernel_equals_dense_attention(name, causal, memory):
     learned = [p for p in enc.parameters() if p.requires_grad]
     inputs = [q, k, v, *learned]
     out = blocked_bias.blocked_bias_attention(
-        q, k, v, q_pos, k_pos, lambda r, c: enc.bias(q, k, r, c), learned, 8**-0.5, causal, 16
+        q,
+        k,
+        v,
+        q_pos,
+        k_pos,
+        lambda _q, _k, r, c: enc.bias(q, k, r, c),
+        learned,
+        8**-0.5,
+        causal,
+        16,
     )
     ref = dense(q, k, v, enc.bias(q, k, q_pos, k_pos), q_pos, k_pos, 8**-0.5, causal)
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
@@ -60,10 +69,14 @@ def test_distance_table_gives_the_encodings_own_bias(name):
     q = torch.zeros(1, 4, 1, 8, dtype=torch.float64)
     k_pos = torch.arange(5, 60)
     q_pos = k_pos[10:]
-    gather, table = blocked_bias.distance_table(lambda r, c: enc.bias(q, q, r, c), q_pos, k_pos)
+    gather, table = blocked_bias.distance_table(
+        lambda _q, _k, r, c: enc.bias(q, q, r, c), q_pos, k_pos
+    )
     assert table.shape == (4, (59 - 15) - (5 - 59) + 1)
     rows, keys = q_pos[7:30], k_pos[2:50]
-    torch.testing.assert_close(gather(rows, keys), enc.bias(q, q, rows, keys), rtol=0, atol=0)
+    torch.testing.assert_close(
+        gather(None, None, rows, keys), enc.bias(q, q, rows, keys), rtol=0, atol=0
+    )
 
 
 def test_only_a_block_of_bias_is_ever_asked_for():
@@ -71,7 +84,7 @@ def test_only_a_block_of_bias_is_ever_asked_for():
     enc = build_encoding("kerple", dim=32, heads=4, head_dim=8, causal=True).double()
     asked = []
 
-    def bias_of_block(rows, keys):
+    def bias_of_block(_q, _k, rows, keys):
         asked.append((len(rows), len(keys)))
         return enc.bias(q, k, rows, keys)
 
@@ -150,3 +163,36 @@ def test_causal_module_path_with_memory_matches_dense(monkeypatch):
     k_pos = torch.arange(29)
     ref = dense(q, k, v, enc.bias(q, k, k_pos[9:], k_pos), k_pos[9:], k_pos, 8**-0.5, True)
     torch.testing.assert_close(out, att.merge_heads(ref), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["xl", "deberta"])
+def test_content_dependent_terms_block_by_block_equal_the_dense_path(monkeypatch, name):
+    """XL's and DeBERTa's (i, j) terms read q_i and k_j: asked per block with that block's q and
+    k, their outputs and all gradients (q, k through the bias too) equal the dense path's."""
+    torch.manual_seed(0)
+    enc = build_encoding(name, dim=32, heads=4, head_dim=8, causal=True)
+    assert enc.pairwise_content and not enc.content_free
+    att = Attention(32, 4, enc, causal=True).double()
+    x = torch.randn(2, 37, 32, dtype=torch.float64, requires_grad=True)
+    memory = torch.randn(2, 6, 32, dtype=torch.float64)
+    inputs = [x, *att.parameters()]
+
+    def run(blocked: bool):
+        monkeypatch.setattr(blocked_bias, "MIN_PAIRS", 1 if blocked else 1 << 40)
+        monkeypatch.setattr(blocked_bias, "CAUSAL_MIN_KEYS", 1 if blocked else 1 << 40)
+        monkeypatch.setattr(blocked_bias, "BLOCK", 8)
+        calls = []
+        real = blocked_bias.blocked_bias_attention
+        monkeypatch.setattr(
+            blocked_bias, "blocked_bias_attention",
+            lambda *a, **kw: calls.append(1) or real(*a, **kw),
+        )  # fmt: skip
+        out = att(x, memory=memory)
+        assert bool(calls) == blocked
+        return out, grads_of(out, inputs, 3)
+
+    fast, fast_grads = run(True)
+    slow, slow_grads = run(False)
+    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-12)
+    for got, want in zip(fast_grads, slow_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-11)

@@ -80,6 +80,9 @@ class PositionEncoding(nn.Module):
     # a content-free bias that depends on the offset alone (j - i; on grids the 2D offset, and
     # for prefix tokens only on which side they are)
     toeplitz: ClassVar[bool] = False
+    # a content-dependent bias whose (i, j) entry reads only q_i, k_j and the two positions, so
+    # any block of it can be asked for with that block's q and k (Transformer-XL, DeBERTa)
+    pairwise_content: ClassVar[bool] = False
 
     @property
     def content_free(self) -> bool:
@@ -187,6 +190,10 @@ class WrappedEncoding(PositionEncoding):
     @property
     def toeplitz(self) -> bool:
         return self.inner.toeplitz
+
+    @property
+    def pairwise_content(self) -> bool:
+        return self.inner.pairwise_content
 
 
 for _name in HOOKS:

@@ -97,6 +97,7 @@ def relative_index(rel: Tensor, span: int) -> Tensor:
 class DebertaDisentangled(PositionEncoding):
     """Disentangled attention: content-to-position and position-to-content logit terms."""
 
+    pairwise_content = True  # the (i, j) logit term reads q_i, k_j and positions only
     family = "relative"
     per_layer = True
 

@@ -75,6 +75,7 @@ def distance_index(
 class TransformerXLRelative(PositionEncoding):
     """Transformer-XL's four-term relative score: ``W_R R_{i-j}`` with global biases u, v."""
 
+    pairwise_content = True  # the (i, j) logit term reads q_i, k_j and positions only
     family = "relative"
     per_layer = True
 

@@ -32,8 +32,8 @@ BLOCK = 256  # query rows per block
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
-# (query positions of the block, key positions it sees) -> bias (1, H, rows, keys)
-BiasOfBlock = Callable[[Tensor, Tensor], Tensor]
+# (the block's q, the keys it sees, their positions) -> bias (1|B, H, rows, keys)
+BiasOfBlock = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 # From here on (benchmarks/attention_overhead.py shape, B=4, H=8, d=64) the kernel is at least as
@@ -67,10 +67,11 @@ def blocks(q_pos: Tensor, k_pos: Tensor, causal: bool, block: int):
 
 
 def masked_bias(
-    bias_of_block: BiasOfBlock, q_pos: Tensor, k_pos: Tensor, causal: bool, dtype: torch.dtype
+    bias_of_block: BiasOfBlock, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, causal: bool
 ) -> Tensor:
-    """The block's bias in ``dtype``, the causal mask folded in as the dtype's lowest value."""
-    bias = bias_of_block(q_pos, k_pos).to(dtype)
+    """The block's bias in q's dtype, the causal mask folded in as the dtype's lowest value."""
+    dtype = q.dtype
+    bias = bias_of_block(q, k, q_pos, k_pos).to(dtype)
     if causal:
         hidden = k_pos[None, :] > q_pos[:, None]  # (rows, keys)
         bias = bias.masked_fill(hidden, torch.finfo(dtype).min)
@@ -87,9 +88,9 @@ def distance_table(
     parameters through one autograd edge per call instead of one per block."""
     low = int(k_pos.min() - q_pos.max())
     distances = torch.arange(low, int(k_pos.max() - q_pos.min()) + 1, device=k_pos.device)
-    table = bias_of_block(q_pos.new_zeros(1), distances)[0, :, 0]  # (H, n): key j - i at i = 0
+    table = bias_of_block(None, None, q_pos.new_zeros(1), distances)[0, :, 0]  # (H, n) at i = 0
 
-    def gather(rows: Tensor, keys: Tensor) -> Tensor:
+    def gather(q: Tensor, k: Tensor, rows: Tensor, keys: Tensor) -> Tensor:
         # int32 ids, shifted before the broadcast: one (rows, keys) index tensor, half the bytes
         ids = keys.to(torch.int32)[None, :] - (rows.to(torch.int32) + low)[:, None]
         return table.index_select(1, ids.flatten()).view(1, -1, *ids.shape)
@@ -99,33 +100,37 @@ def distance_table(
 
 class _BlockedBiasAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, q_pos, k_pos, scale, causal, block, bias_of_block, *leaves):
+    def forward(ctx, q, k, v, q_pos, k_pos, scale, causal, block, bias_of_block, reads, *leaves):
         out = torch.empty_like(q)
         lse = q.new_empty(q.shape[:-1])
         for rows, keys in blocks(q_pos, k_pos, causal, block):
-            bias = masked_bias(bias_of_block, q_pos[rows], k_pos[keys], causal, q.dtype)
+            q_b, k_b = q[:, :, rows], k[:, :, keys]
+            bias = masked_bias(bias_of_block, q_b, k_b, q_pos[rows], k_pos[keys], causal)
             out[:, :, rows], lse[:, :, rows] = _flash(
-                q[:, :, rows], k[:, :, keys], v[:, :, keys], attn_mask=bias, scale=scale
+                q_b, k_b, v[:, :, keys], attn_mask=bias, scale=scale
             )
         ctx.save_for_backward(q, k, v, out, lse, q_pos, k_pos, *leaves)
-        ctx.settings = (scale, causal, block, bias_of_block)
+        ctx.settings = (scale, causal, block, bias_of_block, reads)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse, q_pos, k_pos, *leaves = ctx.saved_tensors
-        scale, causal, block, bias_of_block = ctx.settings
-        needs = ctx.needs_input_grad[9:]  # the leaves' flags, after the nine other inputs
+        scale, causal, block, bias_of_block, reads = ctx.settings
+        needs = ctx.needs_input_grad[10:]  # the leaves' flags, after the ten other inputs
         learned = [leaf for leaf, need in zip(leaves, needs, strict=True) if need]
         grad_out = grad_out.contiguous()
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         leaf_grads = [torch.zeros_like(leaf) for leaf in learned]
-        row_dot = (grad_out * out).sum(-1, keepdim=True) if learned else None  # (B, H, N, 1)
+        through_bias = bool(learned) or reads  # the bias has a gradient to pass on
+        row_dot = (grad_out * out).sum(-1, keepdim=True) if through_bias else None  # (B, H, N, 1)
         for rows, keys in blocks(q_pos, k_pos, causal, block):
-            with torch.enable_grad():
-                bias = masked_bias(bias_of_block, q_pos[rows], k_pos[keys], causal, q.dtype)
             q_b, k_b, v_b, g_b = q[:, :, rows], k[:, :, keys], v[:, :, keys], grad_out[:, :, rows]
-            if not learned:
+            with torch.enable_grad():
+                # a content-dependent bias is differentiated at this block's q and k
+                q_in, k_in = (t.detach().requires_grad_(reads) for t in (q_b, k_b))
+                bias = masked_bias(bias_of_block, q_in, k_in, q_pos[rows], k_pos[keys], causal)
+            if not through_bias:
                 g_q, g_k, g_v = _flash_backward(
                     g_b, q_b, k_b, v_b, out[:, :, rows], lse[:, :, rows], 0.0, False,
                     attn_mask=bias.detach(), scale=scale,
@@ -143,14 +148,21 @@ class _BlockedBiasAttention(torch.autograd.Function):
             d_score.sub_(row_dot[:, :, rows]).mul_(prob)  # (B, H, rows, keys)
             dq[:, :, rows] = torch.matmul(d_score, k_b).mul_(scale)
             dk[:, :, keys] += torch.matmul(d_score.transpose(-2, -1), q_s)
-            d_bias = reduce_to(d_score, bias.shape)  # the bias is shared by the batch
-            parts = torch.autograd.grad(bias, learned, d_bias, allow_unused=True)
+            d_bias = reduce_to(d_score, bias.shape)  # a content-free bias is shared by the batch
+            inputs = [q_in, k_in, *learned] if reads else learned
+            parts = list(torch.autograd.grad(bias, inputs, d_bias, allow_unused=True))
+            if reads:
+                g_q, g_k = parts.pop(0), parts.pop(0)
+                if g_q is not None:
+                    dq[:, :, rows] += g_q
+                if g_k is not None:
+                    dk[:, :, keys] += g_k
             for total, part in zip(leaf_grads, parts, strict=True):
                 if part is not None:
                     total += part
         per_leaf = iter(leaf_grads)
         grads = [next(per_leaf) if need else None for need in needs]
-        return dq, dk, dv, None, None, None, None, None, None, *grads
+        return dq, dk, dv, None, None, None, None, None, None, None, *grads
 
 
 def blocked_bias_attention(
@@ -164,11 +176,15 @@ def blocked_bias_attention(
     scale: float,
     causal: bool,
     block: int | None = None,
+    reads_content: bool = False,
 ) -> Tensor:
     """``softmax(q k^T * scale + bias + causal mask) v``, ``(B, H, Nq, d)``, where
-    ``bias_of_block(q_pos[rows], k_pos[keys])`` gives the bias of any block ``(1, H, rows, keys)``
-    from the positions alone, and ``leaves`` are the tensors it learns from (their gradients are
-    returned through autograd as usual)."""
+    ``bias_of_block(q_rows, k_keys, q_pos[rows], k_pos[keys])`` gives the bias of any block,
+    ``(1|B, H, rows, keys)``, and ``leaves`` are the tensors it learns from (their gradients are
+    returned through autograd as usual). ``reads_content``: the bias reads the block's q and k
+    (at (i, j) only q_i, k_j and the positions: Transformer-XL, DeBERTa), so their gradients
+    through it are taken block by block too."""
     return _BlockedBiasAttention.apply(
-        q, k, v, q_pos, k_pos, scale, causal, block or BLOCK, bias_of_block, *leaves
-    )
+        q, k, v, q_pos, k_pos, scale, causal, block or BLOCK, bias_of_block, reads_content,
+        *leaves,
+    )  # fmt: skip
