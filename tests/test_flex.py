@@ -88,15 +88,16 @@ def test_two_d_score_mods_equal_the_bias_with_prefix_tokens(name, params):
 
 
 @pytest.mark.parametrize("name, params", [("swin", {}), ("irpe", {"mode": "bias", "on": "k"})])
-def test_window_block_mask_equals_window_attention(name, params):
+@pytest.mark.parametrize("dilation", [1, 2])
+def test_window_block_mask_equals_window_attention(name, params, dilation):
     torch.manual_seed(0)
     enc = grid_encoding(name, params, height=6, width=6).double()
     pos = grid_positions(6, 6, prefix=1)
     q, k, v = (randn(2, 4, len(pos), 8) for _ in range(3))
     with torch.no_grad():
         mod = flex_path.score_mod_for(enc, q, pos, pos)
-        got = flex.attention(q, k, v, mod, flex.window_mask(pos, 3), 0.3)
-        want = window_attention(q, k, v, enc, pos, 3, 0.3)
+        got = flex.attention(q, k, v, mod, flex.window_mask(pos, 3, dilation), 0.3)
+        want = window_attention(q, k, v, enc, pos, 3, 0.3, dilation)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
 
 

@@ -198,3 +198,9 @@ def test_ctrl_c_ends_a_profile_inside_one_long_op():
     assert proc.returncode == 130, err[-500:]
     assert "interrupted: profile stopped; nothing was written" in err
     assert "Traceback" not in err and waited < GRACE_S + 3
+
+
+def test_dilation_without_a_window_is_refused(capsys):
+    code, out, err = run(capsys, "profile", "--layer", "attention", "--dilation", "2")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert err.startswith("error: --dilation 2: dilates a --window")

@@ -20,6 +20,7 @@ from posenc_cli.encodings.base import grid_positions
 from posenc_cli.errors import UsageError
 from posenc_cli.models import vit
 from posenc_cli.models.vit import ARCHS, build_vit, model_given_params
+from tests.helpers import run
 
 IMG = 16  # vit_nano at 16 px: patch 4 -> a 4 x 4 grid, 17 tokens
 NANO = ARCHS["vit_nano"]
@@ -263,6 +264,27 @@ def test_window_attention_is_local() -> None:
     grad = images.grad[0].abs().sum(0)  # (H, W)
     assert grad[:4, 4:8].sum() > 0  # patch (0, 1): inside the window
     assert grad[:4, 8:].sum() == 0 and grad[8:, :].sum() == 0  # two patches away: outside
+
+
+def test_a_dilated_window_reaches_every_other_patch() -> None:
+    """window=3 dilated 2, one block: patch (0, 0) sees patches (0, 2) and (2, 0), not its
+    neighbour (0, 1); IMG = 16 with 4 px patches is a 4 x 4 grid."""
+    model = nano("irpe", window=3, window_dilation=2, depth=1).double()
+    assert model.blocks[0].attn.dilation == 2
+    images = torch.randn(1, 3, IMG, IMG, dtype=torch.float64, requires_grad=True)
+    tokens = model.forward_features(images)
+    (tokens[0, 1] * torch.randn(NANO.dim, dtype=torch.float64)).sum().backward()
+    grad = images.grad[0].abs().sum(0)
+    assert grad[:4, 8:12].sum() > 0 and grad[8:12, :4].sum() > 0  # two patches away: slots
+    assert grad[:4, 4:8].sum() == 0 and grad[4:8, :4].sum() == 0  # the neighbours: not
+
+
+def test_window_dilation_in_a_recipe_needs_a_window(capsys, tmp_path) -> None:
+    code, _, err = run(
+        capsys, "train", "image/base", "model.window_dilation=2", "--out", str(tmp_path / "r")
+    )
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "model.window_dilation 2" in err and "set model.window too" in err
 
 
 def test_window_needs_a_grid_encoding() -> None:

@@ -16,22 +16,23 @@ IMAGE = ["none"] + [n for n in ENCODINGS if ENCODINGS[n].dims == 2]
 DIM, HEADS = 16, 2
 
 
-def pair(name: str, window: int, **params) -> tuple[Attention, Attention]:
+def pair(name: str, window: int, dilation: int = 1, **params) -> tuple[Attention, Attention]:
     """Window and full attention sharing one encoding and the same weights."""
     torch.manual_seed(0)
     enc = build_encoding(name, dim=DIM, heads=HEADS, head_dim=DIM // HEADS, **params).double()
     for p in enc.parameters():  # make every table matter
         torch.nn.init.normal_(p, std=0.5)
-    windowed = Attention(DIM, HEADS, enc, window=window).double()
+    windowed = Attention(DIM, HEADS, enc, window=window, dilation=dilation).double()
     full = Attention(DIM, HEADS, enc).double()
     full.load_state_dict(windowed.state_dict())
     return windowed, full
 
 
-def window_mask(positions: torch.Tensor, window: int) -> torch.Tensor:
+def window_mask(positions: torch.Tensor, window: int, dilation: int = 1) -> torch.Tensor:
     """Who may attend whom: prefix tokens everything, patches their window and the prefix."""
     r = window // 2
-    near = (positions[:, None, :] - positions[None, :, :]).abs().amax(-1) <= r  # (N, N)
+    offset = positions[:, None, :] - positions[None, :, :]  # (N, N, 2)
+    near = (offset.abs() <= r * dilation).all(-1) & (offset % dilation == 0).all(-1)
     prefix = positions[:, 0] < 0
     return near | prefix[:, None] | prefix[None, :]
 
@@ -69,6 +70,26 @@ def test_window_equals_full_attention_masked_to_the_window(name, height, width, 
     got = windowed(x_in, positions=positions)
     want = masked_full_attention(full, x, positions, window_mask(positions, window))
     torch.testing.assert_close(got, want, atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.parametrize("name", IMAGE)
+@pytest.mark.parametrize(("height", "width", "prefix", "window", "dilation"),
+                         [(7, 8, 1, 3, 2), (9, 7, 0, 3, 3)])  # fmt: skip
+def test_dilated_window_equals_full_attention_masked_to_its_slots(
+    name, height, width, prefix, window, dilation
+):
+    params = {"swin": {"height": 9, "width": 9}, "learned2d": {"prefix_tokens": prefix}}
+    windowed, full = pair(name, window, dilation, **params.get(name, {}))
+    positions = grid_positions(height, width, prefix)
+    x = torch.randn(2, len(positions), DIM, dtype=torch.float64)
+    got = windowed(windowed.encoding.embed(x, positions), positions=positions)
+    want = masked_full_attention(full, x, positions, window_mask(positions, window, dilation))
+    torch.testing.assert_close(got, want, atol=1e-9, rtol=1e-9)
+
+
+def test_dilation_needs_a_window():
+    with pytest.raises(UsageError, match="dilation must be an integer >= 1 and needs a window"):
+        Attention(DIM, HEADS, dilation=2)
 
 
 @pytest.mark.parametrize("name", IMAGE)

@@ -48,6 +48,7 @@ def build_workload(
     dim: int | None,
     heads: int | None,
     window: int | None,
+    dilation: int | None = None,
 ):
     from posenc_cli.encodings import ENCODINGS
     from posenc_cli.profiling.workloads import (
@@ -61,10 +62,16 @@ def build_workload(
             raise UsageError("--layer attention takes no recipe; drop the recipe or --layer")
         if window is not None and (window < 1 or window % 2 == 0):
             raise UsageError(f"--window {window}: give an odd number of patches, e.g. 7")
+        if dilation is not None and (dilation < 1 or window is None):
+            raise UsageError(
+                f"--dilation {dilation}: dilates a --window, give both (e.g. --window 7 "
+                "--dilation 2), dilation >= 1"
+            )
         workload = LayerWorkload(
             dim=DEFAULT_DIM if dim is None else dim,
             heads=DEFAULT_HEADS if heads is None else heads,
             window=window,
+            dilation=dilation or 1,
         )
         if window is not None:
             compatible = [n for n, c in ENCODINGS.items() if c.dims == 2 or n == "none"]
@@ -74,7 +81,7 @@ def build_workload(
     if target is None:
         raise UsageError("give a recipe or a run directory, or --layer attention")
     reject_options(
-        {"--dim": dim, "--heads": heads, "--window": window},
+        {"--dim": dim, "--heads": heads, "--window": window, "--dilation": dilation},
         "for --layer attention only; a recipe's model is set with overrides such as model.dim=128",
     )
     from posenc_cli.config import load_recipe
@@ -123,6 +130,10 @@ def profile_command(
     window: Annotated[
         int | None, typer.Option("--window", help="--layer: local k x k window attention.")
     ] = None,
+    dilation: Annotated[
+        int | None,
+        typer.Option("--dilation", help="--layer --window: slots this many patches apart."),
+    ] = None,
     rounds: Annotated[int, typer.Option("--rounds", help="Interleaved timing rounds.")] = 5,
     min_time: Annotated[float, typer.Option("--min-time", help="Seconds per timed block.")] = 0.15,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
@@ -163,7 +174,7 @@ def profile_command(
     if out is not None and out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: is a file; give a folder for profile.json and the plots")
     workload, default, compatible = build_workload(
-        target, list(overrides or []), layer, dim, heads, window
+        target, list(overrides or []), layer, dim, heads, window, dilation
     )
     image = not layer and task_of(workload.recipe.kind).profile_unit == "px"
     if image and lengths is not None:

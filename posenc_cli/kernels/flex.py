@@ -67,15 +67,18 @@ def causal_mask(q_pos: Tensor, k_pos: Tensor):
     return mask
 
 
-def window_mask(k_pos: Tensor, window: int):
-    """A ``window x window`` neighbourhood on the grid; prefix tokens see and are seen by all."""
-    reach = window // 2
+def window_mask(k_pos: Tensor, window: int, dilation: int = 1):
+    """A ``window x window`` neighbourhood on the grid, its slots ``dilation`` patches apart;
+    prefix tokens see and are seen by all."""
+    reach = (window // 2) * dilation
 
     def mask(b, h, q_idx, kv_idx):
         qr, qc = k_pos[q_idx, 0], k_pos[q_idx, 1]  # queries are the keys: self-attention
         kr, kc = k_pos[kv_idx, 0], k_pos[kv_idx, 1]
-        near = ((qr - kr).abs() <= reach) & ((qc - kc).abs() <= reach)
-        return near | (qr < 0) | (kr < 0)
+        dr, dc = qr - kr, qc - kc
+        near = (dr.abs() <= reach) & (dc.abs() <= reach)
+        on_slot = (dr % dilation == 0) & (dc % dilation == 0)
+        return (near & on_slot) | (qr < 0) | (kr < 0)
 
     return mask
 

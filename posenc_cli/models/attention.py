@@ -60,13 +60,20 @@ class Attention(nn.Module):
         dropout: float = 0.0,
         qkv_bias: bool = True,
         window: int | None = None,
+        dilation: int = 1,
     ) -> None:
         super().__init__()
         if dim % heads:
             raise ValueError(f"dim {dim} is not divisible by heads {heads}")
         if window is not None and (window < 1 or window % 2 == 0):
             raise UsageError(f"window must be an odd number of patches >= 1, got {window}")
+        if dilation < 1 or (dilation > 1 and window is None):
+            raise UsageError(
+                f"dilation must be an integer >= 1 and needs a window, got dilation={dilation} "
+                f"with window={window}"
+            )
         self.window = window
+        self.dilation = dilation
         self.heads = heads
         self.head_dim = dim // heads
         self.causal = causal
@@ -138,7 +145,7 @@ class Attention(nn.Module):
                     "window attention needs an image grid (positions=grid_positions(...)) "
                     "and takes no memory or key mask"
                 )
-            out = window_attention(q, k, v, self.encoding, k_pos, self.window, scale)
+            out = window_attention(q, k, v, self.encoding, k_pos, self.window, scale, self.dilation)
             return self.merge_heads(out)
 
         if key_mask is None and drop == 0.0:
@@ -179,7 +186,7 @@ class Attention(nn.Module):
         ) else None  # fmt: skip
         mask = None
         if self.window is not None:
-            mask = flex.window_mask(k_pos, self.window)
+            mask = flex.window_mask(k_pos, self.window, self.dilation)
         elif self.causal:
             mask = flex.causal_mask(q_pos, k_pos)
         return flex.attention(q, k, v, mod, mask, scale)

@@ -126,6 +126,7 @@ class VisionModel(VisionTransformer):
         drop_path: float = 0.0,
         dropout: float = 0.0,
         window: int | None = None,
+        window_dilation: int = 1,
         pool: Literal["token", "avg"] = "token",
     ) -> None:
         cls = encoding_class(encoding)
@@ -165,7 +166,9 @@ class VisionModel(VisionTransformer):
             attn_drop_rate=dropout,
             proj_drop_rate=dropout,
             drop_path_rate=drop_path,
-            block_fn=functools.partial(PositionBlock, encodings=per_block, window=window),
+            block_fn=functools.partial(
+                PositionBlock, encodings=per_block, window=window, window_dilation=window_dilation
+            ),
             global_pool=pool,  # "avg" averages the patch tokens, the class token left out
         )
         for module, state in zip(own, initial, strict=True):
@@ -266,6 +269,7 @@ def build_vit(
     drop_path: float = 0.0,
     dropout: float = 0.0,
     window: int | None = None,
+    window_dilation: int = 1,
     absolute: bool = False,
     pool: Literal["token", "avg"] = "token",
     **overrides: Any,
@@ -297,6 +301,7 @@ def build_vit(
         drop_path=drop_path,
         dropout=dropout,
         window=window,
+        window_dilation=window_dilation,
         pool=pool,
     )
 

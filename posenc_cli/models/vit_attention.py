@@ -42,6 +42,7 @@ class PositionBlock(Block):
         *,
         encodings: Sequence[PositionEncoding],
         window: int | None = None,
+        window_dilation: int = 1,
         dim: int,
         num_heads: int,
         qkv_bias: bool = True,
@@ -73,8 +74,9 @@ class PositionBlock(Block):
             **block_args,
         )
         self.attn = Attention(
-            dim, num_heads, encodings[depth], dropout=attn_drop, qkv_bias=qkv_bias, window=window
-        )
+            dim, num_heads, encodings[depth], dropout=attn_drop, qkv_bias=qkv_bias, window=window,
+            dilation=window_dilation,
+        )  # fmt: skip
         self.attn_out_drop = nn.Dropout(proj_drop)
 
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:  # type: ignore[override]

@@ -3,7 +3,10 @@
 The source article's suggestion for long image sequences: each patch attends only to the
 ``k x k`` patches around it (zero-padded at the border, the padding masked), plus every prefix
 (class) token. Prefix tokens stay global: they attend to all tokens, which costs O(P N d).
-Every patch query sees the same ``K = k*k`` slots at fixed 2D offsets, which is what lets a
+A dilated window (``dilation`` d, as in dilated convolutions and the sparse patterns of the
+source article's section 5) takes every d-th patch over a span of ``(k - 1) d + 1``: the same
+``k*k`` slots and cost, a wider reach. Every patch query sees the same ``K = k*k`` slots at fixed
+2D offsets, which is what lets a
 relative encoding compute its term per slot once (``window_bias`` / ``window_value``).
 
 Keys of each window are gathered into ``(B, H, N, K, d)``: memory linear in the number of
@@ -19,29 +22,34 @@ from torch import Tensor
 from posenc_cli.encodings.base import PositionEncoding, grid_shape
 
 
-def slot_offsets(window: int, device=None) -> Tensor:
+def slot_offsets(window: int, device=None, dilation: int = 1) -> Tensor:
     """(row, col) of the query minus that of the key for each slot, ``(K, 2)``, slots in the
-    row-major order of the key's place in the window."""
+    row-major order of the key's place in the window; a dilated window's slots are
+    ``dilation`` patches apart."""
     r = window // 2
-    steps = torch.arange(-r, r + 1, device=device)
+    steps = torch.arange(-r, r + 1, device=device) * dilation
     key_rows, key_cols = torch.meshgrid(steps, steps, indexing="ij")
     return -torch.stack([key_rows.flatten(), key_cols.flatten()], dim=-1)  # (K, 2)
 
 
-def gather_windows(x: Tensor, height: int, width: int, window: int) -> Tensor:
-    """``(B, H, h*w, d)`` patches -> ``(B, H, h*w, K, d)``: each patch's window, zero-padded."""
+def gather_windows(x: Tensor, height: int, width: int, window: int, dilation: int = 1) -> Tensor:
+    """``(B, H, h*w, d)`` patches -> ``(B, H, h*w, K, d)``: each patch's window, zero-padded;
+    with ``dilation`` the window spans ``(k - 1) * dilation + 1`` patches and takes every
+    ``dilation``-th."""
     B, H, _, d = x.shape
-    r = window // 2
+    r = (window // 2) * dilation
+    span = 2 * r + 1
     grid = x.reshape(B, H, height, width, d)
     padded = F.pad(grid, (0, 0, r, r, r, r))  # (B, H, h + 2r, w + 2r, d)
-    windows = padded.unfold(2, window, 1).unfold(3, window, 1)  # (B, H, h, w, d, k, k)
+    windows = padded.unfold(2, span, 1).unfold(3, span, 1)  # (B, H, h, w, d, span, span)
+    windows = windows[..., ::dilation, ::dilation]  # (B, H, h, w, d, k, k)
     return windows.permute(0, 1, 2, 3, 5, 6, 4).reshape(B, H, height * width, window**2, d)
 
 
-def valid_slots(height: int, width: int, window: int, device=None) -> Tensor:
+def valid_slots(height: int, width: int, window: int, device=None, dilation: int = 1) -> Tensor:
     """True where a slot falls on the grid, ``(h*w, K)``."""
     ones = torch.ones(1, 1, height * width, 1, device=device)
-    return gather_windows(ones, height, width, window)[0, 0, :, :, 0] > 0
+    return gather_windows(ones, height, width, window, dilation)[0, 0, :, :, 0] > 0
 
 
 def _plus(a: Tensor, b: Tensor | None) -> Tensor:
@@ -56,20 +64,21 @@ def window_attention(
     positions: Tensor,
     window: int,
     scale: float,
+    dilation: int = 1,
 ) -> Tensor:
     """Attention of ``(B, H, P + h*w, d)`` tokens laid out by ``grid_positions``; returns the
     same shape. Patch queries see their window and the prefix; prefix queries see everything."""
     height, width, prefix = grid_shape(positions)
     pre, grid = slice(0, prefix), slice(prefix, None)
-    offsets = slot_offsets(window, q.device)
+    offsets = slot_offsets(window, q.device, dilation)
     neg = torch.finfo(q.dtype).min
 
     q_grid = q[:, :, grid]  # (B, H, N, d)
-    k_win = gather_windows(k[:, :, grid], height, width, window)  # (B, H, N, K, d)
-    v_win = gather_windows(v[:, :, grid], height, width, window)
+    k_win = gather_windows(k[:, :, grid], height, width, window, dilation)  # (B, H, N, K, d)
+    v_win = gather_windows(v[:, :, grid], height, width, window, dilation)
     logits = torch.einsum("bhnd,bhnkd->bhnk", q_grid, k_win) * scale  # (B, H, N, K)
     logits = _plus(logits, encoding.window_bias(q_grid, k_win, offsets))
-    logits = logits.masked_fill(~valid_slots(height, width, window, q.device), neg)
+    logits = logits.masked_fill(~valid_slots(height, width, window, q.device, dilation), neg)
     if prefix:
         to_prefix = q_grid @ k[:, :, pre].transpose(-2, -1) * scale  # (B, H, N, P)
         to_prefix = _plus(

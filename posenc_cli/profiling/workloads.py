@@ -57,14 +57,22 @@ class AttentionLayer(nn.Module):
     """The input embedding of absolute encodings, then one attention layer."""
 
     def __init__(
-        self, dim: int, heads: int, encoding: str, params: dict[str, Any], window: int | None
+        self,
+        dim: int,
+        heads: int,
+        encoding: str,
+        params: dict[str, Any],
+        window: int | None,
+        dilation: int = 1,
     ) -> None:
         super().__init__()
         causal = ENCODINGS[encoding].causal_only  # the only form such an encoding has
         self.encoding = build_encoding(
             encoding, dim=dim, heads=heads, head_dim=dim // heads, causal=causal, **params
         )
-        self.attention = Attention(dim, heads, self.encoding, causal=causal, window=window)
+        self.attention = Attention(
+            dim, heads, self.encoding, causal=causal, window=window, dilation=dilation
+        )
         self.dim = dim
 
     def positions(self, size: int, device: torch.device) -> Tensor:
@@ -99,6 +107,7 @@ class LayerWorkload:
     dim: int = 256
     heads: int = 4
     window: int | None = None
+    dilation: int = 1  # the window's slots this many patches apart
     fit_tables: bool = True  # build learned tables for the size measured
     params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per encoding
 
@@ -111,6 +120,8 @@ class LayerWorkload:
     @property
     def label(self) -> str:
         window = f", window {self.window}" if self.window else ""
+        if self.dilation > 1:
+            window += f" dilated {self.dilation}"
         return f"attention layer (dim {self.dim}, heads {self.heads}{window})"
 
     def check(self, encoding: str) -> None:
@@ -124,7 +135,8 @@ class LayerWorkload:
     def subject(self, encoding: str, size: int | None = None) -> LayerSubject:
         self.check(encoding)
         params = {**self.table_size(encoding, size), **self.params.get(encoding, {})}
-        return LayerSubject(AttentionLayer(self.dim, self.heads, encoding, params, self.window))
+        layer = AttentionLayer(self.dim, self.heads, encoding, params, self.window, self.dilation)
+        return LayerSubject(layer)
 
     def table_size(self, encoding: str, size: int | None) -> dict[str, Any]:
         """Learned tables (absolute, Swin) built for the input measured, no class token: the

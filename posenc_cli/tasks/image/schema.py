@@ -30,6 +30,8 @@ class ImageModelConfig:
     window: int = bounded(
         0, lambda v: v == 0 or (v > 0 and v % 2 == 1), "0 or an odd number", most=4_095
     )
+    # a dilated window: its k x k slots this many patches apart (needs window)
+    window_dilation: int = bounded(1, lambda v: v >= 1, ">= 1", most=1_024)
     pool: Literal["token", "avg"] = "token"  # the class token (DeiT) or the mean of patches
     # DeiT's learned table in the model: added beside a relative encoding (as DeiT-iRPE does);
     # with learned2d it is that encoding itself

@@ -38,6 +38,11 @@ def build_image_model(recipe: Recipe, num_classes: int, channels: int, image_siz
     from posenc_cli.models.vit import build_vit
 
     m = recipe.model
+    if m.window_dilation > 1 and not m.window:
+        raise UsageError(
+            f"model.window_dilation {m.window_dilation} dilates a local window, and "
+            "model.window is 0 (full attention); set model.window too, e.g. 3"
+        )
     return build_vit(
         m.arch,
         encoding=recipe.encoding.name,
@@ -48,6 +53,7 @@ def build_image_model(recipe: Recipe, num_classes: int, channels: int, image_siz
         drop_path=m.drop_path,
         dropout=m.dropout,
         window=m.window or None,
+        window_dilation=m.window_dilation,
         pool=m.pool,
         # DeiT's table beside a relative encoding; learned2d is that table already
         absolute=m.absolute and recipe.encoding.name != "learned2d",
