@@ -52,6 +52,7 @@ SHIPPED = [
     "text/length-gen/sort",
     "text/length-gen/summation",
     "text/lm-extrapolation",
+    "text/lm-linear",
     "text/shaw-clip",
     "text/t5-buckets",
     "text/word-order",
@@ -127,9 +128,25 @@ def test_every_shipped_recipe_but_the_base_extends_it():
     for name in SHIPPED:
         raw = yaml.safe_load(files[name].read_text())
         if name.startswith("text/") and name != "text/base":
-            # the length-generalisation base extends text/base from its subfolder
-            parent = "../base.yaml" if name == "text/length-gen/base" else "base.yaml"
-            assert raw["extends"] == parent, name
+            # the length-generalisation base extends text/base from its subfolder; the linear
+            # attention study is the LM study with one more swept key
+            parents = {
+                "text/length-gen/base": "../base.yaml",
+                "text/lm-linear": "lm-extrapolation.yaml",
+            }
+            assert raw["extends"] == parents.get(name, "base.yaml"), name
+
+
+def test_the_linear_attention_study_is_the_lm_study_with_one_more_key():
+    linear, lm = load_recipe("text/lm-linear"), load_recipe("text/lm-extrapolation")
+    assert (linear.model, linear.data, linear.train, linear.eval) == (
+        lm.model, lm.data, lm.train, lm.eval
+    )  # fmt: skip
+    assert linear.sweep == {
+        "model.attention": ["softmax", "linear"],
+        "encoding.name": ["none", "rope", "alibi", "t5"],
+        "seed": [0, 1, 2],
+    }
 
 
 def test_length_generalisation_recipes_share_one_protocol():

@@ -49,8 +49,10 @@ def build_workload(
     heads: int | None,
     window: int | None,
     dilation: int | None = None,
+    form: str | None = None,
 ):
     from posenc_cli.encodings import ENCODINGS
+    from posenc_cli.models import linear_form
     from posenc_cli.profiling.workloads import (
         LayerWorkload,
     )
@@ -72,7 +74,15 @@ def build_workload(
             heads=DEFAULT_HEADS if heads is None else heads,
             window=window,
             dilation=dilation or 1,
+            form=form or "softmax",
         )
+        if form not in (None, "softmax", "linear"):
+            raise UsageError(f"--form {form!r}: choose softmax or linear")
+        if form == "linear":
+            if window is not None:
+                raise UsageError("--form linear has no window: drop --window or --form")
+            compatible = [n for n, c in ENCODINGS.items() if linear_form.supports_class(c)]
+            return workload, "none", compatible
         if window is not None:
             compatible = [n for n, c in ENCODINGS.items() if c.dims == 2 or n == "none"]
         else:
@@ -81,7 +91,13 @@ def build_workload(
     if target is None:
         raise UsageError("give a recipe or a run directory, or --layer attention")
     reject_options(
-        {"--dim": dim, "--heads": heads, "--window": window, "--dilation": dilation},
+        {
+            "--dim": dim,
+            "--heads": heads,
+            "--window": window,
+            "--dilation": dilation,
+            "--form": form,
+        },
         "for --layer attention only; a recipe's model is set with overrides such as model.dim=128",
     )
     from posenc_cli.config import load_recipe
@@ -134,6 +150,10 @@ def profile_command(
         int | None,
         typer.Option("--dilation", help="--layer --window: slots this many patches apart."),
     ] = None,
+    form: Annotated[
+        str | None,
+        typer.Option("--form", help="--layer: softmax (default) or linear attention."),
+    ] = None,
     rounds: Annotated[int, typer.Option("--rounds", help="Interleaved timing rounds.")] = 5,
     min_time: Annotated[float, typer.Option("--min-time", help="Seconds per timed block.")] = 0.15,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
@@ -174,7 +194,7 @@ def profile_command(
     if out is not None and out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: is a file; give a folder for profile.json and the plots")
     workload, default, compatible = build_workload(
-        target, list(overrides or []), layer, dim, heads, window, dilation
+        target, list(overrides or []), layer, dim, heads, window, dilation, form
     )
     image = not layer and task_of(workload.recipe.kind).profile_unit == "px"
     if image and lengths is not None:

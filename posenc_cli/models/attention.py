@@ -13,6 +13,8 @@ Paths:
   causal mask each block sees only its keys, as the kernel's own ``is_causal`` does.
 - flex (CUDA): a content-free bias as a FlexAttention score_mod and the causal or window mask
   as a block mask (``kernels/flex.py``), compiled once per shape; no (H, N, N) tensor.
+- linear (``form="linear"``): kernelised attention in O(N) or O(N log N), the position kept
+  as rotation or as a relative weight (``models/linear_form.py``).
 - window: with ``window=k`` on an image grid, each patch attends to its k x k neighbourhood and
   the prefix tokens (``models/window.py``), O(N k^2 d) instead of O(N^2 d).
 
@@ -31,7 +33,7 @@ from posenc_cli.encodings.base import PositionEncoding
 from posenc_cli.errors import UsageError
 from posenc_cli.kernels import blocked_bias, flex
 from posenc_cli.kernels.biased_sdpa import EXPLICIT_MAX_PAIRS, biased_attention
-from posenc_cli.models import flex_path
+from posenc_cli.models import flex_path, linear_form
 from posenc_cli.models.window import window_attention
 
 
@@ -61,6 +63,7 @@ class Attention(nn.Module):
         qkv_bias: bool = True,
         window: int | None = None,
         dilation: int = 1,
+        form: str = "softmax",
     ) -> None:
         super().__init__()
         if dim % heads:
@@ -72,8 +75,13 @@ class Attention(nn.Module):
                 f"dilation must be an integer >= 1 and needs a window, got dilation={dilation} "
                 f"with window={window}"
             )
+        if form not in ("softmax", "linear"):
+            raise UsageError(f"attention must be 'softmax' or 'linear', got {form!r}")
+        if form == "linear" and window is not None:
+            raise UsageError("linear attention has no window: drop one of the two")
         self.window = window
         self.dilation = dilation
+        self.form = form
         self.heads = heads
         self.head_dim = dim // heads
         self.causal = causal
@@ -134,6 +142,12 @@ class Attention(nn.Module):
             kv = kv + F.pad(F.linear(added, self.kv.weight[:D]), (0, D))
         q = self.split_heads(q)
         k, v = (self.split_heads(t) for t in kv.chunk(2, dim=-1))
+        if self.form == "linear":
+            if memory is not None or key_mask is not None or k_pos.dim() != 1:
+                raise UsageError(
+                    "linear attention runs on plain 1D sequences: no memory, key mask or grid"
+                )
+            return self.merge_heads(linear_form.attend(self.encoding, q, k, v, k_pos, self.causal))
         q, k = self.encoding.rotate(q, k, q_pos, k_pos)
         scale = self.encoding.logit_scale()
         drop = self.dropout if self.training else 0.0

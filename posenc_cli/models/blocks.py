@@ -56,10 +56,13 @@ class TransformerBlock(nn.Module):
         dropout: float = 0.0,
         *,
         window: int | None = None,
+        form: str = "softmax",
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, heads, encoding, causal=causal, dropout=dropout, window=window)
+        self.attn = Attention(
+            dim, heads, encoding, causal=causal, dropout=dropout, window=window, form=form
+        )
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = MLP(dim, max(1, round(dim * mlp_ratio)), dropout)
         self.drop = nn.Dropout(dropout)

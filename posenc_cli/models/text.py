@@ -79,6 +79,7 @@ class TextModel(nn.Module):
         mlp_ratio: float = 4.0,
         dropout: float = 0.0,
         mem_len: int = 0,
+        attention: str = "softmax",
         encoding: str = "none",
         encoding_params: dict[str, Any] | None = None,
     ) -> None:
@@ -111,6 +112,7 @@ class TextModel(nn.Module):
                 causal,
                 mlp_ratio,
                 dropout,
+                form=attention,
             )
             for _ in range(depth)
         )
@@ -217,6 +219,7 @@ def build_text_model(model: Any, encoding: Any, task: Any) -> TextModel:
         mlp_ratio=model.mlp_ratio,
         dropout=model.dropout,
         mem_len=model.mem_len,
+        attention=getattr(model, "attention", "softmax"),
         encoding=encoding.name,
         encoding_params=encoding.params,
     )

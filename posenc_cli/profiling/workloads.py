@@ -64,6 +64,7 @@ class AttentionLayer(nn.Module):
         params: dict[str, Any],
         window: int | None,
         dilation: int = 1,
+        form: str = "softmax",
     ) -> None:
         super().__init__()
         causal = ENCODINGS[encoding].causal_only  # the only form such an encoding has
@@ -71,7 +72,7 @@ class AttentionLayer(nn.Module):
             encoding, dim=dim, heads=heads, head_dim=dim // heads, causal=causal, **params
         )
         self.attention = Attention(
-            dim, heads, self.encoding, causal=causal, window=window, dilation=dilation
+            dim, heads, self.encoding, causal=causal, window=window, dilation=dilation, form=form
         )
         self.dim = dim
 
@@ -108,6 +109,7 @@ class LayerWorkload:
     heads: int = 4
     window: int | None = None
     dilation: int = 1  # the window's slots this many patches apart
+    form: str = "softmax"  # or "linear": kernelised attention (models/linear_form.py)
     fit_tables: bool = True  # build learned tables for the size measured
     params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per encoding
 
@@ -122,6 +124,8 @@ class LayerWorkload:
         window = f", window {self.window}" if self.window else ""
         if self.dilation > 1:
             window += f" dilated {self.dilation}"
+        if self.form != "softmax":
+            window += f", {self.form} attention"
         return f"attention layer (dim {self.dim}, heads {self.heads}{window})"
 
     def check(self, encoding: str) -> None:
@@ -135,7 +139,9 @@ class LayerWorkload:
     def subject(self, encoding: str, size: int | None = None) -> LayerSubject:
         self.check(encoding)
         params = {**self.table_size(encoding, size), **self.params.get(encoding, {})}
-        layer = AttentionLayer(self.dim, self.heads, encoding, params, self.window, self.dilation)
+        layer = AttentionLayer(
+            self.dim, self.heads, encoding, params, self.window, self.dilation, self.form
+        )
         return LayerSubject(layer)
 
     def table_size(self, encoding: str, size: int | None) -> dict[str, Any]:

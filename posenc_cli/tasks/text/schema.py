@@ -38,6 +38,8 @@ class ModelConfig:
     mem_len: int = bounded(0, lambda v: v >= 0, ">= 0 (0 = no memory)", most=1_000_000)
     # randomized positions (Ruoss et al. 2023): a sorted random subset of [0, N); 0 = off
     random_positions: int = bounded(0, lambda v: v >= 0, ">= 0 (0 = off)", most=100_000_000)
+    # softmax, or kernelised linear attention with the position kept (models/linear_form.py)
+    attention: Literal["softmax", "linear"] = "softmax"
 
 
 @dataclass
@@ -127,6 +129,34 @@ def validate(recipe: Any, error: Error) -> None:
         )
     if model.random_positions:
         check_random_positions(recipe, error)
+    if model.attention == "linear":
+        check_linear_attention(recipe, error)
+
+
+def check_linear_attention(recipe: Any, error: Any) -> None:
+    """Linear attention keeps rotation, a bias of j - i, or input embeddings; nothing else."""
+    from posenc_cli.encodings import encoding_class
+    from posenc_cli.encodings.base import BackboneFacts
+    from posenc_cli.models import linear_form
+
+    cls = encoding_class(recipe.encoding.name)
+    facts = BackboneFacts(dim=recipe.model.dim, heads=recipe.model.heads, causal=True)
+    probe = cls(**facts.for_encoding(cls, dict(recipe.encoding.params)))
+    if not linear_form.supports(probe):
+        raise error(
+            "model.attention",
+            f"'linear' cannot keep {recipe.encoding.name!r}'s position term (it needs the "
+            "softmax's pairwise logits); use rope, alibi, t5, kerple, sandwich, none or an "
+            "absolute encoding, or attention 'softmax'",
+        )
+    if recipe.model.mem_len:
+        raise error("model.attention", "'linear' takes no Transformer-XL memory; set mem_len 0")
+    if recipe.data.task != "text":
+        raise error(
+            "model.attention",
+            f"'linear' runs on the corpus language model (data.task text), whose batches need no "
+            f"padding mask; {recipe.data.task!r} pads its sequences",
+        )
 
 
 def longest_training_sequence(data: Any) -> int:
