@@ -100,6 +100,20 @@ def test_only_a_block_of_bias_is_ever_asked_for():
     assert asked[:4] == [(32, 32), (32, 64), (32, 96), (4, 100)]
 
 
+def route_blocked(monkeypatch, blocked: bool) -> list:
+    """Send the module to the blocked kernel (blocks of 8) from any size, or never; returns the
+    list that records each call of the kernel."""
+    monkeypatch.setattr(blocked_bias, "MIN_PAIRS", 1 if blocked else 1 << 40)
+    monkeypatch.setattr(blocked_bias, "CAUSAL_MIN_KEYS", 1 if blocked else 1 << 40)
+    monkeypatch.setattr(blocked_bias, "BLOCK", 8)
+    calls: list = []
+    real = blocked_bias.blocked_bias_attention
+    monkeypatch.setattr(
+        blocked_bias, "blocked_bias_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    )
+    return calls
+
+
 def two_d_attention(name, **params):
     facts = BackboneFacts(dim=32, heads=4, height=5, width=6, prefix_tokens=1)
     enc = encoding_class(name)(**facts.for_encoding(encoding_class(name), params))
@@ -123,14 +137,7 @@ def test_attention_module_takes_the_blocked_path_with_the_same_result(monkeypatc
     inputs = [x, *att.parameters()]
 
     def run(blocked: bool):
-        monkeypatch.setattr(blocked_bias, "MIN_PAIRS", 1 if blocked else 1 << 40)
-        monkeypatch.setattr(blocked_bias, "BLOCK", 8)
-        calls = []
-        real = blocked_bias.blocked_bias_attention
-        monkeypatch.setattr(
-            blocked_bias, "blocked_bias_attention",
-            lambda *a, **kw: calls.append(1) or real(*a, **kw),
-        )  # fmt: skip
+        calls = route_blocked(monkeypatch, blocked)
         out = att(x, positions=positions)
         return out, grads_of(out, inputs, 2), bool(calls)
 
@@ -178,15 +185,7 @@ def test_content_dependent_terms_block_by_block_equal_the_dense_path(monkeypatch
     inputs = [x, *att.parameters()]
 
     def run(blocked: bool):
-        monkeypatch.setattr(blocked_bias, "MIN_PAIRS", 1 if blocked else 1 << 40)
-        monkeypatch.setattr(blocked_bias, "CAUSAL_MIN_KEYS", 1 if blocked else 1 << 40)
-        monkeypatch.setattr(blocked_bias, "BLOCK", 8)
-        calls = []
-        real = blocked_bias.blocked_bias_attention
-        monkeypatch.setattr(
-            blocked_bias, "blocked_bias_attention",
-            lambda *a, **kw: calls.append(1) or real(*a, **kw),
-        )  # fmt: skip
+        calls = route_blocked(monkeypatch, blocked)
         out = att(x, memory=memory)
         assert bool(calls) == blocked
         return out, grads_of(out, inputs, 3)
