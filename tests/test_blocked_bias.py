@@ -195,3 +195,20 @@ def test_content_dependent_terms_block_by_block_equal_the_dense_path(monkeypatch
     torch.testing.assert_close(fast, slow, rtol=0, atol=1e-12)
     for got, want in zip(fast_grads, slow_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-11)
+
+
+def test_sparse_positions_skip_the_distance_table(monkeypatch):
+    """Sorted random positions spread over a wide range (randomized positions): the blocks ask
+    the encoding itself, and the result still equals the dense path."""
+    torch.manual_seed(0)
+    att = Attention(32, 4, build_encoding("kerple", dim=32, heads=4, head_dim=8, causal=True),
+                    causal=True).double()  # fmt: skip
+    positions = torch.randperm(100_000)[:40].sort().values
+    x = torch.randn(2, 40, 32, dtype=torch.float64)
+    monkeypatch.setattr(
+        blocked_bias, "distance_table", lambda *a: pytest.fail("a table over 100,000 distances")
+    )
+    route_blocked(monkeypatch, True)
+    fast = att(x, positions=positions)
+    route_blocked(monkeypatch, False)
+    torch.testing.assert_close(fast, att(x, positions=positions), rtol=0, atol=1e-12)

@@ -78,6 +78,12 @@ def masked_bias(
     return bias
 
 
+def dense_positions(positions: Tensor) -> bool:
+    """1D positions about as dense as the tokens, so a table of every distance they span stays
+    small (randomized positions may spread a few tokens over a range of millions)."""
+    return positions.dim() == 1 and int(positions.max() - positions.min()) < 4 * len(positions)
+
+
 def distance_table(
     bias_of_block: BiasOfBlock, q_pos: Tensor, k_pos: Tensor
 ) -> tuple[BiasOfBlock, Tensor]:

@@ -191,6 +191,8 @@ class Attention(nn.Module):
             plain = self.encoding.family in ("none", "absolute", "rotary")
             grid = memory is None and k_pos.dim() == 2
             return grid and (self.encoding.content_free or plain)
+        if self.encoding.toeplitz and k_pos.dim() == 1:  # its score_mod reads a distance table
+            return blocked_bias.dense_positions(k_pos)
         return self.encoding.content_free
 
     def flex(self, q, k, v, q_pos, k_pos, scale) -> Tensor:
@@ -215,7 +217,7 @@ class Attention(nn.Module):
         def bias_of_block(q_b: Tensor, k_b: Tensor, rows: Tensor, keys: Tensor) -> Tensor:
             return encoding.bias(q_b, k_b, rows, keys) if reads else encoding.bias(q, k, rows, keys)
 
-        if encoding.toeplitz and k_pos.dim() == 1:
+        if encoding.toeplitz and blocked_bias.dense_positions(k_pos):
             bias_of_block, table = blocked_bias.distance_table(bias_of_block, q_pos, k_pos)
             learned = [table] if table.requires_grad else []
         else:
