@@ -72,3 +72,9 @@ def test_an_encoding_whose_term_needs_the_logits_is_refused():
 def test_recipes_refuse_linear_attention_they_cannot_run(overrides, words):
     with pytest.raises(UsageError, match=words):
         load_recipe("text/lm-extrapolation", overrides)
+
+
+def test_a_bias_over_positions_that_are_not_consecutive_is_refused():
+    att = Attention(32, 4, build_encoding("alibi", heads=4, head_dim=8), form="linear")
+    with pytest.raises(UsageError, match="needs consecutive positions"):
+        att(torch.randn(1, 4, 32), positions=torch.tensor([0, 3, 9, 10]))

@@ -58,6 +58,11 @@ def attend(
         return rotary_linear_attention(q, k, v, positions, still, causal)
     n = len(positions)
     start = int(positions[0])
+    if not bool((positions.diff() == 1).all()):
+        raise UsageError(
+            "attention 'linear' with a bias of j - i needs consecutive positions (its weights "
+            "are a Toeplitz product over token indices); drop model.random_positions"
+        )
     distances = torch.arange(-(n - 1), n, device=q.device)  # j - i
     bias = encoding.bias(
         q, k, positions.new_tensor([start]), start + distances

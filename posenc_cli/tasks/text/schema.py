@@ -151,6 +151,12 @@ def check_linear_attention(recipe: Any, error: Any) -> None:
         )
     if recipe.model.mem_len:
         raise error("model.attention", "'linear' takes no Transformer-XL memory; set mem_len 0")
+    if recipe.model.random_positions and probe.toeplitz:
+        raise error(
+            "model.attention",
+            "'linear' applies a bias of j - i over token indices; randomized positions would "
+            "skip it: set model.random_positions 0",
+        )
     if recipe.data.task != "text":
         raise error(
             "model.attention",
