@@ -20,7 +20,7 @@ from typing import Literal
 from posenc_cli.encodings import encoding_class
 from posenc_cli.encodings.base import HOOKS, PositionEncoding
 
-Path_ = Literal["fused", "bias", "own"]
+Path_ = Literal["fused", "bias", "blocked", "own"]
 OWN = ("value", "attend", "window_value")
 BIAS = ("bias", "window_bias")
 
@@ -33,6 +33,9 @@ def attention_path(cls: type[PositionEncoding]) -> Path_:
     hooks = set(overridden_hooks(cls))
     if hooks & set(OWN):
         return "own"
+    # class-level flags only: iRPE's content_free is a property of its mode (contextual default)
+    if cls.__dict__.get("content_free") is True or cls.__dict__.get("pairwise_content") is True:
+        return "blocked"
     if hooks & set(BIAS):
         return "bias"
     return "fused"

@@ -67,9 +67,10 @@ NOTES = (
     "evaluated length up to 4x; time, memory: ratios to none at the largest profiled size; "
     "growth: log-log slopes over the upper sizes; diverged: runs whose loss became NaN; code "
     "lines: the class and the module functions it calls, without blanks, comments and "
-    "docstrings; attention: fused (SDPA runs as is), bias (SDPA with a dense N x N term) or own "
-    "(attention of its own); dims: what it serves, and in brackets the registry's same scheme "
-    "for the other dimension."
+    "docstrings; attention: fused (SDPA runs as is), bias (SDPA with a dense N x N term), "
+    "blocked (the bias asked for one block of queries at a time, no N x N tensor; XL and DeBERTa "
+    "under a causal mask only) or own (attention of its own); dims: what it serves, and in "
+    "brackets the registry's same scheme for the other dimension."
 )
 
 
