@@ -72,6 +72,10 @@ def distance_index(
     return dist - lo, distances
 
 
+def consecutive(positions: Tensor) -> bool:
+    return positions.dim() == 1 and bool((positions.diff() == 1).all())
+
+
 class TransformerXLRelative(PositionEncoding):
     """Transformer-XL's four-term relative score: ``W_R R_{i-j}`` with global biases u, v."""
 
@@ -107,6 +111,23 @@ class TransformerXLRelative(PositionEncoding):
         for p in (self.proj.weight, self.u, self.v):
             nn.init.normal_(p, std=0.02)
 
+    def shifted_position_term(self, qv: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """``(q + v) . W_R R_{i-j}`` over consecutive positions without a gather: ``(q + v) @ R``
+        against the ``Nq + Nk - 1`` distances in falling order, then read at a skewed stride,
+        the relative shift of Transformer-XL's reference code as a view. Entry ``(i, j)`` sits
+        at ``(Nq - 1 - i) + j`` of row i, so rows step by ``n - 1`` elements. Future pairs read
+        negative distances here (the gather reads 0); the causal mask removes them either way."""
+        nq, nk = len(q_pos), len(k_pos)
+        top = int(q_pos[-1] - k_pos[0])  # the largest i - j
+        falling = torch.arange(top, top - (nq + nk - 1), -1, device=q_pos.device)  # (n,)
+        r = self.position_keys(falling).to(qv.dtype)  # (H, n, d)
+        scores = (qv @ r.transpose(-2, -1)).contiguous()  # (B, H, Nq, n)
+        B, H, _, n = scores.shape
+        return scores.as_strided(
+            (B, H, nq, nk), (scores.stride(0), scores.stride(1), n - 1, 1),
+            scores.storage_offset() + nq - 1,
+        )  # fmt: skip
+
     def position_keys(self, distances: Tensor) -> Tensor:
         """``W_R R_x`` per head for each distance: ``(H, n, d)``."""
         r = relative_sinusoid(distances, self.dim, self.base).to(self.proj.weight.dtype)
@@ -114,10 +135,15 @@ class TransformerXLRelative(PositionEncoding):
         return r.view(len(distances), self.heads, self.head_dim).transpose(0, 1)  # (H, n, d)
 
     def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        ids, distances = distance_index(q_pos, k_pos, causal=self.causal, clamp_len=self.clamp_len)
-        r = self.position_keys(distances).to(q.dtype)  # (H, n, d)
         u = self.u.to(q.dtype)[None, :, None, :]  # (1, H, 1, d)
         v = self.v.to(q.dtype)[None, :, None, :]  # (1, H, 1, d)
-        position = gather_buckets((q + v) @ r.transpose(-2, -1), ids)  # (b)+(d): (B, H, Nq, Nk)
+        if self.clamp_len is None and consecutive(q_pos) and consecutive(k_pos):
+            position = self.shifted_position_term(q + v, q_pos, k_pos)
+        else:
+            ids, distances = distance_index(
+                q_pos, k_pos, causal=self.causal, clamp_len=self.clamp_len
+            )
+            r = self.position_keys(distances).to(q.dtype)  # (H, n, d)
+            position = gather_buckets((q + v) @ r.transpose(-2, -1), ids)  # (B, H, Nq, Nk)
         content = (k @ u.transpose(-2, -1)).transpose(-2, -1)  # (c): (B, H, 1, Nk)
         return (position + content) * self.logit_scale()
