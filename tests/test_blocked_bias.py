@@ -69,10 +69,9 @@ def test_distance_table_gives_the_encodings_own_bias(name):
     q = torch.zeros(1, 4, 1, 8, dtype=torch.float64)
     k_pos = torch.arange(5, 60)
     q_pos = k_pos[10:]
-    gather, table = blocked_bias.distance_table(
-        lambda _q, _k, r, c: enc.bias(q, q, r, c), q_pos, k_pos
-    )
-    assert table.shape == (4, (59 - 15) - (5 - 59) + 1)
+    table, low = enc.distance_table(q, q_pos, k_pos)
+    gather = blocked_bias.table_lookup(table, low)
+    assert table.shape == (4, (59 - 15) - (5 - 59) + 1) and low == 5 - 59
     rows, keys = q_pos[7:30], k_pos[2:50]
     torch.testing.assert_close(
         gather(None, None, rows, keys), enc.bias(q, q, rows, keys), rtol=0, atol=0
@@ -206,7 +205,7 @@ def test_sparse_positions_skip_the_distance_table(monkeypatch):
     positions = torch.randperm(100_000)[:40].sort().values
     x = torch.randn(2, 40, 32, dtype=torch.float64)
     monkeypatch.setattr(
-        blocked_bias, "distance_table", lambda *a: pytest.fail("a table over 100,000 distances")
+        blocked_bias, "table_lookup", lambda *a: pytest.fail("a table over 100,000 distances")
     )
     route_blocked(monkeypatch, True)
     fast = att(x, positions=positions)

@@ -126,6 +126,16 @@ class PositionEncoding(nn.Module):
     def value(self, attn: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         return None
 
+    def distance_table(self, q: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, int]:
+        """For a ``toeplitz`` bias over 1D positions: its value at every key-minus-query distance
+        the pairs span, asked of ``bias`` once, ``(H, n)`` in q's dtype (one row per head even
+        where heads share it), and the lowest distance. The blocked kernel, the GPU path and
+        linear attention all read the bias from it."""
+        low = int(k_pos.min() - q_pos.max())
+        distances = torch.arange(low, int(k_pos.max() - q_pos.min()) + 1, device=k_pos.device)
+        table = self.bias(q, q, q_pos.new_zeros(1), distances)[0, :, 0]  # key j - i at i = 0
+        return table.expand(self.heads, -1).to(q.dtype), low
+
     def score_mod(self, q: Tensor, q_pos: Tensor, k_pos: Tensor):
         """The bias as a FlexAttention ``score_mod(score, b, h, q_idx, kv_idx)`` for the GPU
         path, or None. Only content-free encodings whose bias is not a function of the offset

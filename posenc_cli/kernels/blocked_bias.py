@@ -84,24 +84,19 @@ def dense_positions(positions: Tensor) -> bool:
     return positions.dim() == 1 and int(positions.max() - positions.min()) < 4 * len(positions)
 
 
-def distance_table(
-    bias_of_block: BiasOfBlock, q_pos: Tensor, k_pos: Tensor
-) -> tuple[BiasOfBlock, Tensor]:
-    """For a bias that depends on ``j - i`` alone (1D positions): its value at every distance the
-    pairs span, asked once, ``(H, distances)``, and the gather that builds any block from it.
-    Blocks then cost a lookup instead of the encoding's arithmetic, and the table's gradient (a
-    sum over each diagonal, which autograd's index_select backward gives) reaches the encoding's
-    parameters through one autograd edge per call instead of one per block."""
-    low = int(k_pos.min() - q_pos.max())
-    distances = torch.arange(low, int(k_pos.max() - q_pos.min()) + 1, device=k_pos.device)
-    table = bias_of_block(None, None, q_pos.new_zeros(1), distances)[0, :, 0]  # (H, n) at i = 0
+def table_lookup(table: Tensor, low: int) -> BiasOfBlock:
+    """The blocks of a bias of ``j - i`` alone from its value per distance, ``table`` ``(H, n)``
+    starting at distance ``low``. A block then costs a lookup instead of the encoding's
+    arithmetic, and the table's gradient (a sum over each diagonal, which autograd's
+    index_select backward gives) reaches the encoding's parameters through one autograd edge per
+    call instead of one per block."""
 
     def gather(q: Tensor, k: Tensor, rows: Tensor, keys: Tensor) -> Tensor:
         # int32 ids, shifted before the broadcast: one (rows, keys) index tensor, half the bytes
         ids = keys.to(torch.int32)[None, :] - (rows.to(torch.int32) + low)[:, None]
         return table.index_select(1, ids.flatten()).view(1, -1, *ids.shape)
 
-    return gather, table
+    return gather
 
 
 class _BlockedBiasAttention(torch.autograd.Function):

@@ -212,19 +212,15 @@ class Attention(nn.Module):
         tensor, and under a causal mask only the keys each block sees. Content-free biases come
         from the positions alone; ``pairwise_content`` ones from the block's own q and k."""
         encoding = self.encoding
-        reads = not encoding.content_free
-
-        def bias_of_block(q_b: Tensor, k_b: Tensor, rows: Tensor, keys: Tensor) -> Tensor:
-            return encoding.bias(q_b, k_b, rows, keys) if reads else encoding.bias(q, k, rows, keys)
-
+        bias_of_block = encoding.bias  # asked with the block's own q and k
+        learned = [p for p in encoding.parameters() if p.requires_grad]
         if encoding.toeplitz and blocked_bias.dense_positions(k_pos):
-            bias_of_block, table = blocked_bias.distance_table(bias_of_block, q_pos, k_pos)
+            table, low = encoding.distance_table(q, q_pos, k_pos)
+            bias_of_block = blocked_bias.table_lookup(table, low)
             learned = [table] if table.requires_grad else []
-        else:
-            learned = [p for p in encoding.parameters() if p.requires_grad]
         return blocked_bias.blocked_bias_attention(
             q, k, v, q_pos, k_pos, bias_of_block, learned, scale, self.causal,
-            reads_content=reads,
+            reads_content=not encoding.content_free,
         )  # fmt: skip
 
     def fused(self, q, k, v, bias, mask, scale, drop, plain_causal) -> Tensor:

@@ -26,9 +26,7 @@ def per_head(encoding: PositionEncoding, q: Tensor, q_pos: Tensor, k_pos: Tensor
 
 
 def distance_score_mod(encoding: PositionEncoding, q: Tensor, q_pos: Tensor, k_pos: Tensor):
-    low = int(k_pos.min() - q_pos.max())
-    distances = torch.arange(low, int(k_pos.max() - q_pos.min()) + 1, device=k_pos.device)
-    table = per_head(encoding, q, q_pos.new_zeros(1), distances)[:, 0]  # (H, n)
+    table, low = encoding.distance_table(q, q_pos, k_pos)  # (H, n)
     return flex.distance_mod(table, q_pos, k_pos, low)
 
 

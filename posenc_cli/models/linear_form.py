@@ -14,7 +14,6 @@ Any other encoding is refused with its name: its term needs the softmax's pairwi
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from posenc_cli.encodings.base import PositionEncoding
@@ -56,16 +55,11 @@ def attend(
     if encoding.family in PLAIN:
         still = q.new_zeros(q.shape[-1] // 2)  # angle 0: the rotary form is plain attention
         return rotary_linear_attention(q, k, v, positions, still, causal)
-    n = len(positions)
-    start = int(positions[0])
     if not bool((positions.diff() == 1).all()):
         raise UsageError(
             "attention 'linear' with a bias of j - i needs consecutive positions (its weights "
             "are a Toeplitz product over token indices); drop model.random_positions"
         )
-    distances = torch.arange(-(n - 1), n, device=q.device)  # j - i
-    bias = encoding.bias(
-        q, k, positions.new_tensor([start]), start + distances
-    )  # (1|B, H, 1, 2n-1)
-    weights = bias[0, :, 0].expand(encoding.heads, -1).to(q.dtype).flip(-1).exp()  # by i - j
+    table, _ = encoding.distance_table(q, positions, positions)  # (H, 2N - 1) by j - i
+    weights = table.flip(-1).exp()  # by i - j, as the Toeplitz product reads them
     return toeplitz_linear_attention(q, k, v, weights, causal)
