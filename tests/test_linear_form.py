@@ -66,6 +66,19 @@ def test_an_encoding_whose_term_needs_the_logits_is_refused():
     "overrides, words",
     [
         (["model.attention=linear", "encoding.name=shaw"], "cannot keep 'shaw'"),
+        # rotations RoFormer's form would drop or misread: xPos's decay, a partial RoPE, YaRN
+        (["model.attention=linear", "encoding.name=xpos"], "cannot keep 'xpos'"),
+        (["model.attention=linear", "encoding.name=rope", "encoding.fraction=0.5"], "cannot keep"),
+        (
+            [
+                "model.attention=linear",
+                "encoding.name=rope",
+                "encoding.scaling=yarn",
+                "encoding.factor=4",
+                "encoding.original_length=64",
+            ],
+            "cannot keep",
+        ),  # fmt: skip
         (["model.attention=linear", "encoding.name=rope", "data.task=copy"], "pads its sequences"),
     ],
 )

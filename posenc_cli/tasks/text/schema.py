@@ -145,9 +145,10 @@ def check_linear_attention(recipe: Any, error: Any) -> None:
     if not linear_form.supports(probe):
         raise error(
             "model.attention",
-            f"'linear' cannot keep {recipe.encoding.name!r}'s position term (it needs the "
-            "softmax's pairwise logits); use rope, alibi, t5, kerple, sandwich, none or an "
-            "absolute encoding, or attention 'softmax'",
+            f"'linear' cannot keep {recipe.encoding.name!r}'s position term as set (it needs "
+            "the softmax's pairwise logits, or a rotation beyond plain whole-head RoPE); use "
+            "rope, alibi, t5, kerple, sandwich, none or an absolute encoding, or attention "
+            "'softmax'",
         )
     if recipe.model.mem_len:
         raise error("model.attention", "'linear' takes no Transformer-XL memory; set mem_len 0")
