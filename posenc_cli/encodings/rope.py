@@ -47,6 +47,7 @@ from posenc_cli.encodings.rope_scaling import (
 )
 from posenc_cli.encodings.rope_scaling import mscale as yarn_mscale  # noqa: F401 (re-exported)
 from posenc_cli.errors import UsageError
+from posenc_cli.kernels.positions import consecutive
 from posenc_cli.kernels.rotary import Layout, rotary_tables, rotate_pairs
 
 Partial = Literal["neox", "proportional"]
@@ -93,12 +94,9 @@ def _rotate_prefix(x: Tensor, cos: Tensor, sin: Tensor, layout: Layout, r: int) 
 
 def _consecutive_start(positions: Tensor) -> int | None:
     """``start`` if ``positions`` is ``start, start + 1, ...`` (read on the host), else None."""
-    if positions.ndim != 1 or positions.numel() == 0:
+    if positions.numel() == 0 or not consecutive(positions):
         return None
-    start = int(positions[0])
-    if int(positions[-1]) - start != positions.numel() - 1:
-        return None
-    return start if bool((positions.diff() == 1).all()) else None
+    return int(positions[0])
 
 
 class RotaryEmbedding(PositionEncoding):

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from posenc_cli.encodings.base import PositionEncoding
 from posenc_cli.errors import UsageError
 from posenc_cli.kernels.buckets import gather_buckets
+from posenc_cli.kernels.positions import consecutive
 
 
 def relative_sinusoid(distances: Tensor, dim: int, base: float = 10000.0) -> Tensor:
@@ -70,10 +71,6 @@ def distance_index(
     lo, hi = (int(dist.min()), int(dist.max())) if dist.numel() else (0, 0)
     distances = torch.arange(lo, hi + 1, device=dist.device)  # (n,)
     return dist - lo, distances
-
-
-def consecutive(positions: Tensor) -> bool:
-    return positions.dim() == 1 and bool((positions.diff() == 1).all())
 
 
 class TransformerXLRelative(PositionEncoding):

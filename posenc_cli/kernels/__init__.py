@@ -7,4 +7,5 @@ posenc above them, so encodings and the attention module can both call them.
   through the flash kernel, merged by logsumexp.
 - ``bucket_attention``: iRPE's contextual terms, an explicit softmax with a hand-written backward.
 - ``buckets``: per-bucket gathers and sums the kernels and the encodings share.
+- ``positions``: whether positions are consecutive, or dense enough for a table of distances.
 """

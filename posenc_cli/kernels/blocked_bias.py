@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from posenc_cli.kernels.biased_sdpa import reduce_to
+from posenc_cli.kernels.positions import consecutive
 
 BLOCK = 256  # query rows per block
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -60,7 +61,7 @@ def blocks(q_pos: Tensor, k_pos: Tensor, causal: bool, block: int):
     """``(rows, keys)`` slices of every query block; a causal block over consecutive positions
     sees the keys up to its own last query (the rest are masked anyway)."""
     Nq, Nk = len(q_pos), len(k_pos)
-    prefix = causal and k_pos.dim() == 1 and bool((k_pos.diff() == 1).all())
+    prefix = causal and consecutive(k_pos)
     for s in range(0, Nq, block):
         e = min(Nq, s + block)
         yield slice(s, e), slice(0, Nk - Nq + e if prefix else Nk)
@@ -76,12 +77,6 @@ def masked_bias(
         hidden = k_pos[None, :] > q_pos[:, None]  # (rows, keys)
         bias = bias.masked_fill(hidden, torch.finfo(dtype).min)
     return bias
-
-
-def dense_positions(positions: Tensor) -> bool:
-    """1D positions about as dense as the tokens, so a table of every distance they span stays
-    small (randomized positions may spread a few tokens over a range of millions)."""
-    return positions.dim() == 1 and int(positions.max() - positions.min()) < 4 * len(positions)
 
 
 def table_lookup(table: Tensor, low: int) -> BiasOfBlock:

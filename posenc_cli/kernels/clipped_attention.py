@@ -44,6 +44,7 @@ from torch import Tensor
 
 from posenc_cli.kernels.biased_sdpa import reduce_to
 from posenc_cli.kernels.buckets import gather_buckets, sum_per_bucket
+from posenc_cli.kernels.positions import consecutive
 
 BLOCK = 128  # query rows per block: the near region is BLOCK x (BLOCK + 2K)
 # Up to this many (query, key) pairs Shaw's explicit softmax path is faster: with B=4, H=8,
@@ -67,10 +68,7 @@ def applies(q: Tensor, k_pos: Tensor) -> bool:
     """Whether the kernel can run: the CPU flash kernel in float32/64, over consecutive 1D
     positions (the regions are ranges of key indices)."""
     return (
-        q.device.type == "cpu"
-        and q.dtype in (torch.float32, torch.float64)
-        and k_pos.dim() == 1
-        and bool((k_pos.diff() == 1).all())
+        q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and consecutive(k_pos)
     )
 
 

@@ -33,6 +33,7 @@ from posenc_cli.encodings.base import PositionEncoding
 from posenc_cli.errors import UsageError
 from posenc_cli.kernels import blocked_bias, flex
 from posenc_cli.kernels.biased_sdpa import EXPLICIT_MAX_PAIRS, biased_attention
+from posenc_cli.kernels.positions import dense as dense_positions
 from posenc_cli.models import flex_path, linear_form
 from posenc_cli.models.window import window_attention
 
@@ -192,7 +193,7 @@ class Attention(nn.Module):
             grid = memory is None and k_pos.dim() == 2
             return grid and (self.encoding.content_free or plain)
         if self.encoding.toeplitz and k_pos.dim() == 1:  # its score_mod reads a distance table
-            return blocked_bias.dense_positions(k_pos)
+            return dense_positions(k_pos)
         return self.encoding.content_free
 
     def flex(self, q, k, v, q_pos, k_pos, scale) -> Tensor:
@@ -214,7 +215,7 @@ class Attention(nn.Module):
         encoding = self.encoding
         bias_of_block = encoding.bias  # asked with the block's own q and k
         learned = [p for p in encoding.parameters() if p.requires_grad]
-        if encoding.toeplitz and blocked_bias.dense_positions(k_pos):
+        if encoding.toeplitz and dense_positions(k_pos):
             table, low = encoding.distance_table(q, q_pos, k_pos)
             bias_of_block = blocked_bias.table_lookup(table, low)
             learned = [table] if table.requires_grad else []

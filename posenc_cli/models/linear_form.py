@@ -25,6 +25,7 @@ from posenc_cli.kernels.linear_attention import (
     rotary_linear_attention,
     toeplitz_linear_attention,
 )
+from posenc_cli.kernels.positions import consecutive
 
 PLAIN = ("none", "absolute")  # families that leave the logits alone
 
@@ -70,7 +71,7 @@ def attend(
     if encoding.family in PLAIN:
         still = q.new_zeros(q.shape[-1] // 2)  # angle 0: the rotary form is plain attention
         return rotary_linear_attention(q, k, v, positions, still, causal)
-    if not bool((positions.diff() == 1).all()):
+    if not consecutive(positions):
         raise UsageError(
             "attention 'linear' with a bias of j - i needs consecutive positions (its weights "
             "are a Toeplitz product over token indices); drop model.random_positions"
