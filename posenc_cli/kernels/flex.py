@@ -25,14 +25,6 @@ from torch import Tensor
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
-def available() -> bool:
-    try:
-        from torch.nn.attention import flex_attention  # noqa: F401
-    except ImportError:  # pragma: no cover - every torch this project pins has it
-        return False
-    return True
-
-
 def distance_mod(table: Tensor, q_pos: Tensor, k_pos: Tensor, low: int) -> ScoreMod:
     """``score + table[h, k_pos[j] - q_pos[i] - low]``."""
 

@@ -186,8 +186,6 @@ class Attention(nn.Module):
     def flex_serves(self, memory, k_pos) -> bool:
         """Whether the GPU path covers this call: a content-free bias (or, in window attention
         on a grid, no position term in the logits at all)."""
-        if not flex.available():
-            return False
         if self.window is not None:
             plain = self.encoding.family in ("none", "absolute", "rotary")
             grid = memory is None and k_pos.dim() == 2
