@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
+from interleaved import against_none, medians  # benchmarks/interleaved.py, beside this script
 from rich.console import Console
 from rich.table import Table
-from torch.utils import benchmark
 
 from posenc_cli.encodings import ENCODINGS, build_encoding
 from posenc_cli.models.attention import Attention
@@ -42,18 +41,7 @@ def measure(names, lengths, batch, heads, head_dim, rounds, seconds, causal):
     results = {}
     for length in lengths:
         steps = {n: layer_step(n, batch, heads, head_dim, length, causal) for n in names}
-        for step in steps.values():
-            step()  # warm-up
-        times = {n: [] for n in names}
-        for _ in range(rounds):
-            for n, step in steps.items():
-                timer = benchmark.Timer("step()", globals={"step": step}, num_threads=2)
-                times[n].append(timer.blocked_autorange(min_run_time=seconds).median)
-        base = statistics.median(times["none"])
-        results[length] = {
-            n: {"seconds": statistics.median(t), "ratio": statistics.median(t) / base}
-            for n, t in times.items()
-        }
+        results[length] = against_none(medians(steps, rounds, seconds))
     return results
 
 

@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from interleaved import against_none, medians  # benchmarks/interleaved.py, beside this script
 from rich.console import Console
 from rich.table import Table
-from torch.utils import benchmark
 
 from posenc_cli.encodings.base import PositionEncoding, grid_positions
 from posenc_cli.encodings.irpe import ImageRPE
@@ -117,20 +116,8 @@ def measure(
     for n in names if explicit else []:
         if VARIANTS[n] is not None:
             steps[n + EXPLICIT] = layer_step(VARIANTS[n], batch, heads, head_dim, side, True)
-    for step in steps.values():
-        step()  # warm-up (also fills the id caches, as in training)
-    times: dict[str, list[float]] = {n: [] for n in steps}
-    for _ in range(rounds):
-        for n, step in steps.items():
-            if idle > 0:
-                wait_idle(idle)
-            timer = benchmark.Timer("step()", globals={"step": step}, num_threads=2)
-            times[n].append(timer.blocked_autorange(min_run_time=seconds).median)
-    base = statistics.median(times["none"])
-    return {
-        n: {"seconds": statistics.median(t), "ratio": statistics.median(t) / base}
-        for n, t in times.items()
-    }
+    wait = (lambda: wait_idle(idle)) if idle > 0 else None
+    return against_none(medians(steps, rounds, seconds, before_each=wait))
 
 
 def main() -> None:

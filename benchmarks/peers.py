@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
+from interleaved import medians  # benchmarks/interleaved.py, beside this script
 from rich.console import Console
 from rich.table import Table
 from torch import nn
-from torch.utils import benchmark
 
 from posenc_cli.encodings import build_encoding
 from posenc_cli.models.attention import Attention
@@ -82,14 +81,7 @@ def measure(lengths, batch, heads, head_dim, causal, rounds, seconds):
         for n in names:
             steps[("posenc", n)] = step_of(PosencLayer(n, dim, heads, causal), x)
             steps[("x-transformers", n)] = step_of(peer_layer(n, dim, heads, causal), x)
-        for step in steps.values():
-            step()  # warm-up
-        times = {key: [] for key in steps}
-        for _ in range(rounds):
-            for key, step in steps.items():
-                timer = benchmark.Timer("step()", globals={"step": step}, num_threads=2)
-                times[key].append(timer.blocked_autorange(min_run_time=seconds).median)
-        median = {key: statistics.median(t) for key, t in times.items()}
+        median = medians(steps, rounds, seconds)
         results[length] = {
             n: {
                 "posenc_seconds": median[("posenc", n)],
