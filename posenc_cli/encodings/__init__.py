@@ -18,6 +18,7 @@ from posenc_cli.encodings.deberta import DebertaDisentangled
 from posenc_cli.encodings.fire import Fire
 from posenc_cli.encodings.fox import ForgettingGate
 from posenc_cli.encodings.irpe import ImageRPE
+from posenc_cli.encodings.irpe_nd import RelativeND
 from posenc_cli.encodings.kerple import Kerple
 from posenc_cli.encodings.learned2d import Learned2D
 from posenc_cli.encodings.mrope import MultiAxisRope
@@ -60,6 +61,7 @@ ENCODINGS: dict[str, type[PositionEncoding]] = {
     "irpe": ImageRPE,
     # any number of axes: text, images and video in one sequence
     "mrope": MultiAxisRope,
+    "irpe_nd": RelativeND,
 }
 
 
