@@ -39,6 +39,7 @@ SHIPPED = [
     "image/irpe-ablation-v",
     "image/mnist-resolution",
     "image/resolution",
+    "image/sparse-windows",
     "quickstart",
     "text/base",
     "text/code-lm",

@@ -16,13 +16,18 @@ IMAGE = ["none"] + [n for n in ENCODINGS if ENCODINGS[n].dims == 2]
 DIM, HEADS = 16, 2
 
 
-def pair(name: str, window: int, dilation: int = 1, **params) -> tuple[Attention, Attention]:
-    """Window and full attention sharing one encoding and the same weights."""
+def pair(
+    name: str, window: int, dilation: int = 1, options: dict | None = None, **params
+) -> tuple[Attention, Attention]:
+    """Window and full attention sharing one encoding and the same weights; ``options`` are
+    more of the window's (stride, global_tokens)."""
     torch.manual_seed(0)
     enc = build_encoding(name, dim=DIM, heads=HEADS, head_dim=DIM // HEADS, **params).double()
     for p in enc.parameters():  # make every table matter
         torch.nn.init.normal_(p, std=0.5)
-    windowed = Attention(DIM, HEADS, enc, window=window, dilation=dilation).double()
+    windowed = Attention(
+        DIM, HEADS, enc, window=window, dilation=dilation, **(options or {})
+    ).double()
     full = Attention(DIM, HEADS, enc).double()
     full.load_state_dict(windowed.state_dict())
     return windowed, full

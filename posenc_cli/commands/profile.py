@@ -50,6 +50,8 @@ def build_workload(
     window: int | None,
     dilation: int | None = None,
     form: str | None = None,
+    stride: int | None = None,
+    global_tokens: int | None = None,
 ):
     from posenc_cli.encodings import ENCODINGS
     from posenc_cli.models import linear_form
@@ -69,12 +71,24 @@ def build_workload(
                 f"--dilation {dilation}: dilates a --window, give both (e.g. --window 7 "
                 "--dilation 2), dilation >= 1"
             )
+        if stride is not None and (stride < 1 or window is None):
+            raise UsageError(
+                f"--stride {stride}: adds a lattice to a --window, give both (e.g. --window 7 "
+                "--stride 7), stride >= 1"
+            )
+        if global_tokens is not None and (global_tokens < 0 or window is None):
+            raise UsageError(
+                f"--global-tokens {global_tokens}: global patches beside a --window, give both "
+                "(e.g. --window 7 --global-tokens 16), count >= 0"
+            )
         workload = LayerWorkload(
             dim=DEFAULT_DIM if dim is None else dim,
             heads=DEFAULT_HEADS if heads is None else heads,
             window=window,
             dilation=dilation or 1,
             form=form or "softmax",
+            stride=stride,
+            global_tokens=global_tokens or 0,
         )
         if form not in (None, "softmax", "linear"):
             raise UsageError(f"--form {form!r}: choose softmax or linear")
@@ -96,6 +110,8 @@ def build_workload(
             "--heads": heads,
             "--window": window,
             "--dilation": dilation,
+            "--stride": stride,
+            "--global-tokens": global_tokens,
             "--form": form,
         },
         "for --layer attention only; a recipe's model is set with overrides such as model.dim=128",
@@ -150,6 +166,18 @@ def profile_command(
         int | None,
         typer.Option("--dilation", help="--layer --window: slots this many patches apart."),
     ] = None,
+    stride: Annotated[
+        int | None,
+        typer.Option(
+            "--stride", help="--layer --window: add the k x k lattice of slots this far apart."
+        ),
+    ] = None,
+    global_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--global-tokens", help="--layer --window: the first patches see and are seen by all."
+        ),
+    ] = None,
     form: Annotated[
         str | None,
         typer.Option("--form", help="--layer: softmax (default) or linear attention."),
@@ -194,8 +222,9 @@ def profile_command(
     if out is not None and out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: is a file; give a folder for profile.json and the plots")
     workload, default, compatible = build_workload(
-        target, list(overrides or []), layer, dim, heads, window, dilation, form
-    )
+        target, list(overrides or []), layer, dim, heads, window, dilation, form, stride,
+        global_tokens,
+    )  # fmt: skip
     image = not layer and task_of(workload.recipe.kind).profile_unit == "px"
     if image and lengths is not None:
         raise UsageError("an image recipe is profiled over --sizes (sides in px), not --lengths")

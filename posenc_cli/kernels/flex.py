@@ -22,6 +22,9 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
+from posenc_cli.encodings.base import grid_shape
+from posenc_cli.models.window import check_global, check_pattern
+
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
@@ -59,18 +62,30 @@ def causal_mask(q_pos: Tensor, k_pos: Tensor):
     return mask
 
 
-def window_mask(k_pos: Tensor, window: int, dilation: int = 1):
-    """A ``window x window`` neighbourhood on the grid, its slots ``dilation`` patches apart;
-    prefix tokens see and are seen by all."""
+def window_mask(
+    k_pos: Tensor, window: int, dilation: int = 1, stride: int | None = None, global_tokens: int = 0
+):
+    """The sparse grid pattern of ``models/window.py`` as a mask_mod: a ``window x window``
+    neighbourhood, its slots ``dilation`` patches apart; with ``stride`` also the ``window x
+    window`` lattice of slots ``stride`` apart; the prefix tokens and the first
+    ``global_tokens`` patches see and are seen by all."""
+    check_pattern(window, dilation, stride, global_tokens)
+    height, width, prefix = grid_shape(k_pos)
+    check_global(global_tokens, height, width)
+    n_global = prefix + global_tokens  # the first tokens in grid_positions' order
     reach = (window // 2) * dilation
+    far = (window // 2) * (stride or 1)
 
     def mask(b, h, q_idx, kv_idx):
         qr, qc = k_pos[q_idx, 0], k_pos[q_idx, 1]  # queries are the keys: self-attention
         kr, kc = k_pos[kv_idx, 0], k_pos[kv_idx, 1]
         dr, dc = qr - kr, qc - kc
-        near = (dr.abs() <= reach) & (dc.abs() <= reach)
-        on_slot = (dr % dilation == 0) & (dc % dilation == 0)
-        return (near & on_slot) | (qr < 0) | (kr < 0)
+        local = (dr.abs() <= reach) & (dc.abs() <= reach)
+        local = local & (dr % dilation == 0) & (dc % dilation == 0)
+        if stride is not None:
+            lattice = (dr.abs() <= far) & (dc.abs() <= far)
+            local = local | (lattice & (dr % stride == 0) & (dc % stride == 0))
+        return local | (q_idx < n_global) | (kv_idx < n_global)
 
     return mask
 

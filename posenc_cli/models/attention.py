@@ -16,7 +16,9 @@ Paths:
 - linear (``form="linear"``): kernelised attention in O(N) or O(N log N), the position kept
   as rotation or as a relative weight (``models/linear_form.py``).
 - window: with ``window=k`` on an image grid, each patch attends to its k x k neighbourhood and
-  the prefix tokens (``models/window.py``), O(N k^2 d) instead of O(N^2 d).
+  the prefix tokens (``models/window.py``), O(N k^2 d) instead of O(N^2 d); ``dilation`` spaces
+  the slots, ``stride`` adds a k x k lattice of slots that far apart (Child et al.'s strided
+  pattern), ``global_tokens`` makes the first patches global (BigBird, Longformer).
 
 Keys may be longer than queries: ``memory`` (the previous segment's hidden states, as in
 Transformer-XL) is prepended to the keys and values, and the queries are the last positions.
@@ -35,7 +37,7 @@ from posenc_cli.kernels import blocked_bias, flex
 from posenc_cli.kernels.biased_sdpa import EXPLICIT_MAX_PAIRS, biased_attention
 from posenc_cli.kernels.positions import dense as dense_positions
 from posenc_cli.models import flex_path, linear_form
-from posenc_cli.models.window import window_attention
+from posenc_cli.models.window import check_pattern, window_attention
 
 
 def attention_mask(
@@ -65,23 +67,21 @@ class Attention(nn.Module):
         window: int | None = None,
         dilation: int = 1,
         form: str = "softmax",
+        stride: int | None = None,
+        global_tokens: int = 0,
     ) -> None:
         super().__init__()
         if dim % heads:
             raise ValueError(f"dim {dim} is not divisible by heads {heads}")
-        if window is not None and (window < 1 or window % 2 == 0):
-            raise UsageError(f"window must be an odd number of patches >= 1, got {window}")
-        if dilation < 1 or (dilation > 1 and window is None):
-            raise UsageError(
-                f"dilation must be an integer >= 1 and needs a window, got dilation={dilation} "
-                f"with window={window}"
-            )
+        check_pattern(window, dilation, stride, global_tokens)
         if form not in ("softmax", "linear"):
             raise UsageError(f"attention must be 'softmax' or 'linear', got {form!r}")
         if form == "linear" and window is not None:
             raise UsageError("linear attention has no window: drop one of the two")
         self.window = window
         self.dilation = dilation
+        self.stride = stride  # None: no strided lattice
+        self.global_tokens = global_tokens  # patches that are global, beside the prefix
         self.form = form
         self.heads = heads
         self.head_dim = dim // heads
@@ -160,7 +160,10 @@ class Attention(nn.Module):
                     "window attention needs an image grid (positions=grid_positions(...)) "
                     "and takes no memory or key mask"
                 )
-            out = window_attention(q, k, v, self.encoding, k_pos, self.window, scale, self.dilation)
+            out = window_attention(
+                q, k, v, self.encoding, k_pos, self.window, scale, self.dilation, self.stride,
+                self.global_tokens,
+            )  # fmt: skip
             return self.merge_heads(out)
 
         if key_mask is None and drop == 0.0:
@@ -201,7 +204,9 @@ class Attention(nn.Module):
         ) else None  # fmt: skip
         mask = None
         if self.window is not None:
-            mask = flex.window_mask(k_pos, self.window, self.dilation)
+            mask = flex.window_mask(
+                k_pos, self.window, self.dilation, self.stride, self.global_tokens
+            )
         elif self.causal:
             mask = flex.causal_mask(q_pos, k_pos)
         return flex.attention(q, k, v, mod, mask, scale)

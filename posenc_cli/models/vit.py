@@ -127,6 +127,8 @@ class VisionModel(VisionTransformer):
         dropout: float = 0.0,
         window: int | None = None,
         window_dilation: int = 1,
+        window_stride: int | None = None,
+        window_global: int = 0,
         pool: Literal["token", "avg"] = "token",
     ) -> None:
         cls = encoding_class(encoding)
@@ -167,8 +169,13 @@ class VisionModel(VisionTransformer):
             proj_drop_rate=dropout,
             drop_path_rate=drop_path,
             block_fn=functools.partial(
-                PositionBlock, encodings=per_block, window=window, window_dilation=window_dilation
-            ),
+                PositionBlock,
+                encodings=per_block,
+                window=window,
+                window_dilation=window_dilation,
+                window_stride=window_stride,
+                window_global=window_global,
+            ),  # fmt: skip
             global_pool=pool,  # "avg" averages the patch tokens, the class token left out
         )
         for module, state in zip(own, initial, strict=True):
@@ -270,6 +277,8 @@ def build_vit(
     dropout: float = 0.0,
     window: int | None = None,
     window_dilation: int = 1,
+    window_stride: int | None = None,
+    window_global: int = 0,
     absolute: bool = False,
     pool: Literal["token", "avg"] = "token",
     **overrides: Any,
@@ -302,6 +311,8 @@ def build_vit(
         dropout=dropout,
         window=window,
         window_dilation=window_dilation,
+        window_stride=window_stride,
+        window_global=window_global,
         pool=pool,
     )
 

@@ -43,6 +43,8 @@ class PositionBlock(Block):
         encodings: Sequence[PositionEncoding],
         window: int | None = None,
         window_dilation: int = 1,
+        window_stride: int | None = None,
+        window_global: int = 0,
         dim: int,
         num_heads: int,
         qkv_bias: bool = True,
@@ -75,7 +77,7 @@ class PositionBlock(Block):
         )
         self.attn = Attention(
             dim, num_heads, encodings[depth], dropout=attn_drop, qkv_bias=qkv_bias, window=window,
-            dilation=window_dilation,
+            dilation=window_dilation, stride=window_stride, global_tokens=window_global,
         )  # fmt: skip
         self.attn_out_drop = nn.Dropout(proj_drop)
 

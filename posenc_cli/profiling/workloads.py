@@ -65,6 +65,8 @@ class AttentionLayer(nn.Module):
         window: int | None,
         dilation: int = 1,
         form: str = "softmax",
+        stride: int | None = None,
+        global_tokens: int = 0,
     ) -> None:
         super().__init__()
         causal = ENCODINGS[encoding].causal_only  # the only form such an encoding has
@@ -72,8 +74,9 @@ class AttentionLayer(nn.Module):
             encoding, dim=dim, heads=heads, head_dim=dim // heads, causal=causal, **params
         )
         self.attention = Attention(
-            dim, heads, self.encoding, causal=causal, window=window, dilation=dilation, form=form
-        )
+            dim, heads, self.encoding, causal=causal, window=window, dilation=dilation, form=form,
+            stride=stride, global_tokens=global_tokens,
+        )  # fmt: skip
         self.dim = dim
 
     def positions(self, size: int, device: torch.device) -> Tensor:
@@ -110,6 +113,8 @@ class LayerWorkload:
     window: int | None = None
     dilation: int = 1  # the window's slots this many patches apart
     form: str = "softmax"  # or "linear": kernelised attention (models/linear_form.py)
+    stride: int | None = None  # beside the window, its k x k lattice of slots this far apart
+    global_tokens: int = 0  # the first patches, global beside the window
     fit_tables: bool = True  # build learned tables for the size measured
     params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per encoding
 
@@ -124,6 +129,10 @@ class LayerWorkload:
         window = f", window {self.window}" if self.window else ""
         if self.dilation > 1:
             window += f" dilated {self.dilation}"
+        if self.stride is not None:
+            window += f" strided {self.stride}"
+        if self.global_tokens:
+            window += f" + {self.global_tokens} global"
         if self.form != "softmax":
             window += f", {self.form} attention"
         return f"attention layer (dim {self.dim}, heads {self.heads}{window})"
@@ -140,8 +149,9 @@ class LayerWorkload:
         self.check(encoding)
         params = {**self.table_size(encoding, size), **self.params.get(encoding, {})}
         layer = AttentionLayer(
-            self.dim, self.heads, encoding, params, self.window, self.dilation, self.form
-        )
+            self.dim, self.heads, encoding, params, self.window, self.dilation, self.form,
+            self.stride, self.global_tokens,
+        )  # fmt: skip
         return LayerSubject(layer)
 
     def table_size(self, encoding: str, size: int | None) -> dict[str, Any]:

@@ -32,6 +32,12 @@ class ImageModelConfig:
     )
     # a dilated window: its k x k slots this many patches apart (needs window)
     window_dilation: int = bounded(1, lambda v: v >= 1, ">= 1", most=1_024)
+    # a strided window (Child et al. 2019): beside the window, its k x k lattice of slots this
+    # many patches apart; 0 = none (needs window)
+    window_stride: int = bounded(0, lambda v: v >= 0, ">= 0 (0 = none)", most=1_024)
+    # global tokens (BigBird, Longformer): the first this many patches, row-major, see and are
+    # seen by every token, as the class token is (needs window)
+    window_global: int = bounded(0, lambda v: v >= 0, ">= 0", most=1_000_000)
     pool: Literal["token", "avg"] = "token"  # the class token (DeiT) or the mean of patches
     # DeiT's learned table in the model: added beside a relative encoding (as DeiT-iRPE does);
     # with learned2d it is that encoding itself
@@ -96,10 +102,22 @@ SECTIONS: dict[str, type] = {
 Error = Callable[[str, str], UsageError]  # (dotted key, problem) -> the one-line error
 
 
-def model_overrides(model: ImageModelConfig) -> dict[str, int]:
+def size_overrides(model: ImageModelConfig) -> dict[str, int]:
     """The size settings a recipe changed from its arch (0 = keep the arch's)."""
     keys = ("dim", "depth", "heads", "patch_size")
     return {k: getattr(model, k) for k in keys if getattr(model, k)}
+
+
+def sparse_window(model: ImageModelConfig) -> dict[str, int]:
+    """``build_vit``'s strided-window and global-token arguments, where the recipe sets them."""
+    given = {"window_stride": model.window_stride, "window_global": model.window_global}
+    return {k: v for k, v in given.items() if v}
+
+
+def model_overrides(model: ImageModelConfig) -> dict[str, int]:
+    """The ``build_vit`` keywords a recipe sets beyond those the image task names one by one:
+    the size settings changed from the arch, and the sparse-window options."""
+    return {**size_overrides(model), **sparse_window(model)}
 
 
 def validate(recipe: Any, error: Error) -> None:
@@ -117,7 +135,7 @@ def validate(recipe: Any, error: Error) -> None:
             f"valid: {', '.join(ARCHS)}",
         )
     try:
-        size = resolve_arch(model.arch, model_overrides(model))
+        size = resolve_arch(model.arch, size_overrides(model))
     except UsageError as err:
         raise error("model", str(err)) from None
     for side_key, sides in (
@@ -131,6 +149,20 @@ def validate(recipe: Any, error: Error) -> None:
                     f"{side} px is not a multiple of the patch size {size.patch_size}; "
                     "pick a multiple or change model.patch_size",
                 )
+    sparse = {
+        "model.window_stride": model.window_stride,
+        "model.window_global": model.window_global,
+    }
+    for key, value in sparse.items():
+        if value and not model.window:
+            raise error(key, f"{value} needs a local window and model.window is 0; set it, e.g. 3")
+    smallest = min([data.image_size, *recipe.eval.sizes]) // size.patch_size
+    if model.window_global > smallest**2:
+        raise error(
+            "model.window_global",
+            f"{model.window_global} global patches exceed the {smallest**2} of the "
+            f"{smallest} x {smallest} grid; give at most {smallest**2}",
+        )
     if any(s < 0 for s in recipe.eval.shifts) or not recipe.eval.shifts:
         raise error(
             "eval.shifts", f"expected shifts >= 0 pixels, e.g. [0, 4], got {recipe.eval.shifts!r}"
@@ -153,7 +185,7 @@ def build_encoding_once(recipe: Any) -> None:
     from posenc_cli.encodings import build_encoding
     from posenc_cli.models.vit import model_given_params, resolve_arch
 
-    size = resolve_arch(recipe.model.arch, model_overrides(recipe.model))
+    size = resolve_arch(recipe.model.arch, size_overrides(recipe.model))
     name = recipe.encoding.name
     given = model_given_params(name, size, recipe.data.image_size // size.patch_size)
     build_encoding(name, **{**given, **recipe.encoding.params})
