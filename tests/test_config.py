@@ -27,6 +27,7 @@ BIDIRECTIONAL = [name for name in ONE_D if not ENCODINGS[name].causal_only]
 SHIPPED = [
     "detection/coco-r50",
     "detection/shapes",
+    "detection/shapes-dense",
     "detection/shapes-irpe",
     "image/base",
     "image/deit-direction",
@@ -52,6 +53,8 @@ SHIPPED = [
     "text/length-gen/reverse",
     "text/length-gen/sort",
     "text/length-gen/summation",
+    "text/lm-adaptive",
+    "text/lm-adaptive-shaw",
     "text/lm-extrapolation",
     "text/lm-linear",
     "text/shaw-clip",

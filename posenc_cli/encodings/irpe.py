@@ -60,6 +60,15 @@ cached ids are plain tensors, not buffers: they live on the positions' device. I
 ``attend`` runs the whole attention with a hand-written backward (``kernels/bucket_attention.py``:
 one logits buffer, softmax in place); at DeiT-Ti shape that took q+k from 1.41x to 1.30x of no
 iRPE in an interleaved A/B run.
+
+Adaptive buckets (the source article's section 5: "add buckets for images dense with small
+objects"; rules in ``encodings/adaptive.py``): ``ratio: auto`` (or any of ``alpha``, ``beta``,
+``gamma`` set to ``auto``) takes ``ratio = max(height, width) / 8`` of the trained grid, which the
+ViT and DETR pass as ``height`` and ``width``: finer grids get more buckets (7 x 7 product
+buckets at 14 x 14, as the official 1.9; 9 x 9 at 16 x 16; 17 x 17 at 32 x 32). ``rescale`` (on
+by default with ``auto``) multiplies every scale's ``gamma`` by ``max(1, S' / S)`` on a grid of
+side ``S'`` (1 + the largest row or column offset of the call) larger than the trained side
+``S``: the logarithmic band stretches to the new grid, the exact band and the table stay.
 """
 
 from __future__ import annotations
@@ -69,6 +78,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from posenc_cli.encodings import adaptive
+from posenc_cli.encodings.adaptive import Auto, is_auto
 from posenc_cli.encodings.base import PositionEncoding, table_bias
 from posenc_cli.encodings.irpe_index import (
     DEFAULT_RATIO,
@@ -123,6 +134,43 @@ def index_scales(
     for params in scales:
         check_params(*params)
     return scales
+
+
+def grid_side(height: int | None, width: int | None, why: str) -> int:
+    """``max(height, width)`` of the trained grid, or a UsageError saying that ``why`` needs
+    them (the ViT and DETR pass both)."""
+    fix = "give numbers instead of 'auto'" if why != "rescale" else "set rescale false"
+    h = adaptive.check_extent("irpe", "height", height, why, fix)
+    w = adaptive.check_extent("irpe", "width", width, why, fix)
+    return max(h, w)
+
+
+def resolve_auto(
+    ratio: float | Auto,
+    alpha: float | Auto | None,
+    beta: float | Auto | None,
+    gamma: float | Auto | None,
+    ratios: list[float] | None,
+    height: int | None,
+    width: int | None,
+) -> tuple[float, float | None, float | None, float | None]:
+    """``(ratio, alpha, beta, gamma)`` with every ``auto`` taken from the trained grid's ratio
+    ``max(height, width) / 8`` (``encodings/adaptive.py``, rule 1)."""
+    if not any(is_auto(v) for v in (ratio, alpha, beta, gamma)):
+        return ratio, alpha, beta, gamma  # type: ignore[return-value]
+    if ratios is not None:
+        raise UsageError(
+            "irpe: 'auto' chooses one index scale; with ratios set, give numbers (or drop ratios)"
+        )
+    assert height is not None and width is not None  # checked by grid_side
+    auto = adaptive.irpe_ratio(height, width)
+    derived = dict(zip(("alpha", "beta", "gamma"), params_from_ratio(auto), strict=True))
+    picked = {
+        key: derived[key] if is_auto(value) else value
+        for key, value in (("alpha", alpha), ("beta", beta), ("gamma", gamma))
+    }
+    base = auto if is_auto(ratio) else ratio
+    return base, picked["alpha"], picked["beta"], picked["gamma"]  # type: ignore[return-value]
 
 
 def grid_reach(*positions: Tensor) -> tuple[int, int]:
@@ -180,16 +228,25 @@ class ImageRPE(PositionEncoding):
         mode: Mode = "contextual",
         on: On = "k",
         shared_head: bool = True,
-        ratio: float = DEFAULT_RATIO,
-        alpha: float | None = None,
-        beta: float | None = None,
-        gamma: float | None = None,
+        ratio: float | Auto = DEFAULT_RATIO,
+        alpha: float | Auto | None = None,
+        beta: float | Auto | None = None,
+        gamma: float | Auto | None = None,
         ratios: list[float] | None = None,
+        height: int | None = None,
+        width: int | None = None,
+        rescale: bool | None = None,
         heads: int = 8,
         head_dim: int = 64,
         causal: bool = False,
     ) -> None:
         super().__init__(heads=heads, head_dim=head_dim, causal=causal)
+        auto = any(is_auto(v) for v in (ratio, alpha, beta, gamma))
+        self.rescale = auto if rescale is None else rescale
+        self.trained_side: int | None = None  # max(height, width), read by rule 2
+        if auto or self.rescale:
+            self.trained_side = grid_side(height, width, "'auto'" if auto else "rescale")
+        ratio, alpha, beta, gamma = resolve_auto(ratio, alpha, beta, gamma, ratios, height, width)
         if method not in METHODS:
             raise UsageError(f"irpe.method must be one of {', '.join(METHODS)}, got {method!r}")
         if mode not in ("bias", "contextual"):
@@ -243,19 +300,29 @@ class ImageRPE(PositionEncoding):
 
     def extra_repr(self) -> str:
         ratios = ", ".join(f"{a:g}:{b:g}:{g:g}" for a, b, g in self.scales)
+        extra = f", rescale=True (trained side {self.trained_side})" if self.rescale else ""
         return (
             f"method={self.method}, mode={self.mode}, on={self.on}, "
             f"shared_head={self.shared_head}, alpha:beta:gamma={ratios}, buckets={self.counts}"
+            + extra
         )
 
     # --- bucket ids ---------------------------------------------------------------------------
+
+    def grid_scales(self, reach: tuple[int, int]) -> list[Params]:
+        """Every scale's ``(alpha, beta, gamma)`` on a grid whose offsets reach ``reach``: with
+        ``rescale``, ``gamma`` stretched past the trained side (rule 2)."""
+        if not self.rescale or self.trained_side is None:
+            return self.scales
+        s = adaptive.grid_stretch(reach, self.trained_side)
+        return [(a, b, g * s) for a, b, g in self.scales]
 
     def _tables_for(self, reach: tuple[int, int], device: torch.device) -> list[Tensor]:
         """Offset -> id tables of every (scale, map), covering offsets up to ``reach``."""
         key = (reach, device)
         if key not in self._offset_tables:
             tables: list[Tensor] = []
-            for params in self.scales:
+            for params in self.grid_scales(reach):
                 made = bucket_table(self.method, reach[0] + 1, reach[1] + 1, *params)
                 tables.extend(made if isinstance(made, tuple) else (made,))
             self._offset_tables[key] = tuple(t.to(device) for t in tables)

@@ -28,6 +28,16 @@ Elsewhere the generic hooks apply: the key term is ``q @ w^K.T`` once per bucket
 ``(B, H, Nq, 2k+1)``, then gathered by bucket id; the value term sums attention weights per
 bucket and multiplies by ``w^V``. Neither builds an ``(Nq, Nk, d)`` tensor (the paper's own
 implementation builds ``(N, N, d)``).
+
+Adaptive clip (the source article's section 5, "adaptive relative position encoding"; rules in
+``encodings/adaptive.py``): ``max_distance: auto`` is ``ceil(train_length / 4)``, the quarter of
+the trained context at which T5's defaults put their range. ``rescale`` (on by default with
+``auto``) keeps rows ``|d| <= h = floor(k / 2)`` exact and reads a farther distance at
+``h + (|d| - h) / s_i``, ``s_i = max(1, c_i / train_length)`` and ``c_i`` = 1 + the distance from
+query i to its farthest key (the first key when causal), interpolated between the two nearest
+rows and clipped at ``k``: the clip moves out with each query's context, FIRE's progressive
+normalisation on the far band. Inside the trained context every ``s_i`` is 1 and nothing
+changes; past it the key and value terms read two rows per pair (still no ``(Nq, Nk, d)``).
 """
 
 from __future__ import annotations
@@ -35,9 +45,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from posenc_cli.encodings import adaptive
+from posenc_cli.encodings.adaptive import Auto, is_auto
 from posenc_cli.encodings.base import PositionEncoding, relative_positions
 from posenc_cli.errors import UsageError
-from posenc_cli.kernels import clipped_attention
+from posenc_cli.kernels import clipped_attention, soft_index
 from posenc_cli.kernels.buckets import gather_buckets, sum_per_bucket
 
 
@@ -56,14 +68,29 @@ class ShawRelative(PositionEncoding):
     def __init__(
         self,
         *,
-        max_distance: int = 4,
+        max_distance: int | Auto = 4,
         key: bool = True,
         value: bool = True,
+        train_length: int | None = None,
+        rescale: bool | None = None,
         heads: int = 8,
         head_dim: int = 64,
         causal: bool = False,
     ) -> None:
         super().__init__(heads=heads, head_dim=head_dim, causal=causal)
+        auto = is_auto(max_distance)
+        if auto:
+            length = adaptive.check_extent(
+                "shaw", "train_length", train_length, "max_distance 'auto'", "give a number"
+            )
+            max_distance = adaptive.shaw_max_distance(length)
+        self.rescale = auto if rescale is None else rescale
+        if self.rescale:
+            adaptive.check_extent(
+                "shaw", "train_length", train_length, "rescale", "set rescale false"
+            )
+        self.train_length = train_length
+        max_distance = int(max_distance)
         if max_distance < 0:
             raise UsageError(
                 f"shaw.max_distance must be >= 0 (0 = no position information), got {max_distance}"
@@ -90,31 +117,66 @@ class ShawRelative(PositionEncoding):
     def uses_value(self) -> bool:
         return self.value_table is not None
 
+    def soft_rows(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
+        """``(lo, hi, w)`` table rows of every pair under rule 2, ``(Nq, Nk)`` each, or None
+        where no query's context is past ``train_length`` (then the plain clip applies)."""
+        both, L = not self.causal, self.train_length
+        if not (self.rescale and adaptive.stretches(q_pos, k_pos, both, L)):
+            return None
+        k, near = self.max_distance, self.max_distance // 2
+        scale = adaptive.stretch(q_pos, k_pos, both, L)[:, None]  # (Nq, 1)
+        rel = relative_positions(q_pos, k_pos)  # (Nq, Nk), j - i
+        size = rel.abs().double()
+        far = torch.where(size <= near, size, near + (size - near) / scale).clamp(max=k)
+        return soft_index.neighbours(torch.sign(rel) * far + k, 2 * k)
+
     def buckets(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, int]:
-        return shaw_buckets(q_pos, k_pos, self.max_distance), self.num_buckets
+        soft = self.soft_rows(q_pos, k_pos)
+        if soft is None:
+            return shaw_buckets(q_pos, k_pos, self.max_distance), self.num_buckets
+        lo, hi, w = soft
+        return torch.where(w > 0.5, hi, lo), self.num_buckets  # the nearer row
 
     def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         if self.key_table is None:
             return None
-        ids = shaw_buckets(q_pos, k_pos, self.max_distance)  # (Nq, Nk)
         per_bucket = q @ self.key_table.T  # (B, H, Nq, 2k+1)
-        return gather_buckets(per_bucket, ids) * self.logit_scale()  # (B, H, Nq, Nk)
+        soft = self.soft_rows(q_pos, k_pos)
+        if soft is None:
+            ids = shaw_buckets(q_pos, k_pos, self.max_distance)  # (Nq, Nk)
+            return gather_buckets(per_bucket, ids) * self.logit_scale()  # (B, H, Nq, Nk)
+        lo, hi, w = soft
+        w = w.to(per_bucket.dtype)
+        term = gather_buckets(per_bucket, lo) * (1 - w) + gather_buckets(per_bucket, hi) * w
+        return term * self.logit_scale()
 
     def value(self, attn: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         if self.value_table is None:
             return None
-        ids = shaw_buckets(q_pos, k_pos, self.max_distance)  # (Nq, Nk)
-        weight = sum_per_bucket(attn, ids, self.num_buckets)  # (B, H, Nq, 2k+1)
+        soft = self.soft_rows(q_pos, k_pos)
+        if soft is None:
+            ids = shaw_buckets(q_pos, k_pos, self.max_distance)  # (Nq, Nk)
+            weight = sum_per_bucket(attn, ids, self.num_buckets)  # (B, H, Nq, 2k+1)
+        else:  # each pair's weight split between its two rows
+            lo, hi, w = soft
+            w = w.to(attn.dtype)
+            weight = sum_per_bucket(attn * (1 - w), lo, self.num_buckets)
+            weight = weight + sum_per_bucket(attn * w, hi, self.num_buckets)
         return weight @ self.value_table  # (B, H, Nq, d)
 
     def attend(self, q, k, v, q_pos, k_pos, scale, causal) -> Tensor | None:
         large = q.shape[-2] * k.shape[-2] > clipped_attention.MIN_PAIRS
         if not (large and clipped_attention.applies(q, k_pos)):
             return None
+        if self.rescale and adaptive.stretches(q_pos, k_pos, not self.causal, self.train_length):
+            return None  # the stretched rows are not the clipped kernel's
         return clipped_attention.clipped_relative_attention(
             q, k, v, self.key_table, self.value_table, self.max_distance, scale,
             self.logit_scale(), causal,
         )  # fmt: skip
 
     def extra_repr(self) -> str:
-        return f"max_distance={self.max_distance}, key={self.use_key}, value={self.uses_value}"
+        extra = f", train_length={self.train_length}, rescale=True" if self.rescale else ""
+        return (
+            f"max_distance={self.max_distance}, key={self.use_key}, value={self.uses_value}" + extra
+        )

@@ -1,0 +1,312 @@
+"""Adaptive relative encodings (issue 18 part 2, the source article's section 5): the ``auto``
+rules against hand-computed literals, the rescaled ranges at evaluation, and the learned
+breakpoints of T5 (soft reads, gradients, and the fixed function when frozen)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from posenc_cli.encodings import adaptive, build_encoding
+from posenc_cli.encodings.base import BackboneFacts, grid_positions
+from posenc_cli.encodings.irpe import ImageRPE
+from posenc_cli.encodings.irpe_index import piecewise_index as fixed_piecewise
+from posenc_cli.encodings.shaw import ShawRelative
+from posenc_cli.encodings.t5 import T5Bias, log_buckets, relative_position_bucket
+from posenc_cli.errors import UsageError
+from posenc_cli.kernels import flex, soft_index
+from posenc_cli.models import flex_path
+from posenc_cli.models.attention import Attention
+
+# --- rule 1: settings from the trained extent ------------------------------------------------
+
+
+def test_auto_settings_are_the_stated_rules():
+    # T5: max(4, 4 (ceil_log2 L - 1)) buckets; T5's own 32 and 128 at its trained 512
+    assert [adaptive.t5_num_buckets(n) for n in (512, 64, 65, 128, 16, 4, 2, 1)] == [
+        32, 20, 24, 24, 12, 4, 4, 4,
+    ]  # fmt: skip
+    assert adaptive.t5_max_distance(512, 8) == 128 and adaptive.t5_max_distance(64, 10) == 16
+    assert adaptive.t5_max_distance(8, 3) == 4  # ceil(8 / 4) = 2 is inside the exact band
+    assert [adaptive.shaw_max_distance(n) for n in (64, 10, 1)] == [16, 3, 1]
+    assert adaptive.irpe_ratio(14, 14) == 1.75 and adaptive.irpe_ratio(16, 8) == 2.0
+
+
+def test_t5_auto_from_the_trained_length():
+    causal = build_encoding("t5", heads=2, head_dim=4, causal=True, num_buckets="auto",
+                            max_distance="auto", train_length=64)  # fmt: skip
+    assert (causal.num_buckets, causal.max_distance, causal.max_exact) == (20, 16, 10)
+    assert causal.rescale and not causal.toeplitz  # the range follows the query past 64
+    both = T5Bias(num_buckets="auto", max_distance="auto", train_length=64, heads=2)
+    assert (both.num_buckets, both.per_side, both.max_exact, both.max_distance) == (20, 10, 5, 16)
+    # one of the two auto: the other stays as given, max_distance past the exact band
+    mixed = T5Bias(num_buckets=32, max_distance="auto", train_length=64, causal=True, heads=2)
+    assert (mixed.max_exact, mixed.max_distance) == (16, 17)
+    plain = T5Bias(heads=2)
+    assert not plain.rescale and plain.toeplitz
+
+
+def test_shaw_and_irpe_auto():
+    shaw = build_encoding("shaw", heads=2, head_dim=4, max_distance="auto", train_length=64)
+    assert shaw.max_distance == 16 and shaw.num_buckets == 33 and shaw.rescale
+    irpe = ImageRPE(ratio="auto", height=14, width=14, heads=2, head_dim=4)
+    assert irpe.scales == [(1.75, 3.5, 14.0)] and irpe.counts == [7 * 7 + 1]  # official's 49
+    dense = ImageRPE(ratio="auto", height=16, width=8, heads=2, head_dim=4)
+    assert dense.scales == [(2.0, 4.0, 16.0)] and dense.counts == [9 * 9 + 1]
+    only_alpha = ImageRPE(alpha="auto", height=16, width=16, heads=2, head_dim=4)
+    assert only_alpha.scales == [(2.0, 3.8, 15.2)]  # beta and gamma keep ratio 1.9's
+
+
+def test_the_backbone_facts_give_irpe_auto_its_grid():
+    # the ViT and DETR build their encodings from these facts, the grid among them
+    facts = BackboneFacts(dim=8, heads=2, height=16, width=16, prefix_tokens=1)
+    enc = build_encoding("irpe", **facts.for_encoding(ImageRPE, {"ratio": "auto"}))
+    assert enc.trained_side == 16 and enc.scales == [(2.0, 4.0, 16.0)]
+
+
+@pytest.mark.parametrize(
+    ("build", "words"),
+    [
+        (lambda: T5Bias(num_buckets="auto"), "train_length"),
+        (lambda: T5Bias(rescale=True), "rescale false"),
+        (lambda: T5Bias(num_buckets="auto", train_length=0), ">= 1"),
+        (lambda: T5Bias(breakpoints="moving"), "'learned'"),
+        (lambda: ShawRelative(max_distance="auto"), "train_length"),
+        (lambda: ImageRPE(ratio="auto"), "height"),
+        (lambda: ImageRPE(ratio="auto", height=8, width=8, ratios=[1.9, 3.8]), "ratios"),
+        (lambda: ImageRPE(rescale=True, height=8), "width"),
+    ],
+)
+def test_bad_adaptive_settings_say_what_to_set(build, words):
+    with pytest.raises(UsageError) as err:
+        build()
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+# --- rule 2: the range follows the input at evaluation ---------------------------------------
+
+
+def test_contexts_and_stretch_by_hand():
+    q, k = torch.tensor([0, 3, 7]), torch.arange(8)
+    assert adaptive.contexts(q, k, both_sides=False).tolist() == [1, 4, 8]
+    assert adaptive.contexts(q, k, both_sides=True).tolist() == [8, 5, 8]
+    assert adaptive.stretch(q, k, False, 4).tolist() == [1.0, 1.0, 2.0]
+    assert adaptive.contexts(q + 5, k + 5, both_sides=False).tolist() == [1, 4, 8]  # shifted
+    assert adaptive.grid_stretch((15, 3), 8) == 2.0 and adaptive.grid_stretch((7, 7), 8) == 1.0
+
+
+def test_t5_rescaled_buckets_by_hand():
+    # causal, L = 64: 20 buckets, max_exact 10, max_distance 16. The query at 127 sees 128
+    # positions, s = 2, so its log band ends at 32: d -> 10 + floor(10 log(d/10) / log 3.2).
+    enc = T5Bias(num_buckets="auto", max_distance="auto", train_length=64, causal=True, heads=1)
+    pos = torch.arange(128)
+    ids = enc.bucket_ids(pos, pos)
+    distances = [0, 9, 10, 12, 20, 31, 100]
+    # 12: 10 + floor(1.567) = 11; 20: 10 + floor(5.959) = 15; 31: 10 + floor(9.73) = 19
+    assert [int(ids[127, 127 - d]) for d in distances] == [0, 9, 10, 11, 15, 19, 19]
+    # the query at 63 is inside the trained context: the plain buckets (12 -> 10 + 3.88)
+    assert [int(ids[63, 63 - d]) for d in distances[:-1]] == [0, 9, 10, 13, 19, 19]
+    fixed = T5Bias(num_buckets=20, max_distance=16, causal=True, heads=1)
+    assert torch.equal(ids[:64, :64], fixed.bucket_ids(pos[:64], pos[:64]))
+    off = T5Bias(num_buckets="auto", max_distance="auto", train_length=64, causal=True,
+                 rescale=False, heads=1)  # fmt: skip
+    assert torch.equal(off.bucket_ids(pos, pos), fixed.bucket_ids(pos, pos))
+
+
+def dense_attention(q, k, v, bias, causal, scale):
+    logits = q @ k.transpose(-2, -1) * scale + bias
+    if causal:
+        n = q.shape[-2]
+        logits = logits.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    return logits.softmax(-1) @ v
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("breakpoints", ["fixed", "learned"])
+def test_t5_rescaled_score_mod_equals_the_bias(causal, breakpoints):
+    torch.manual_seed(0)
+    enc = T5Bias(num_buckets="auto", max_distance="auto", train_length=16, causal=causal,
+                 breakpoints=breakpoints, heads=2, head_dim=4).double()  # fmt: skip
+    q, k, v = (torch.randn(1, 2, 40, 4, dtype=torch.float64) for _ in range(3))
+    pos = torch.arange(40) + 3
+    with torch.no_grad():
+        mod = flex_path.score_mod_for(enc, q, pos, pos)
+        mask = flex.causal_mask(pos, pos) if causal else None
+        got = flex.attention(q, k, v, mod, mask, 0.5)
+        want = dense_attention(q, k, v, enc.bias(q, q, pos, pos), causal, 0.5)
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+
+
+def test_t5_rescaled_blocks_equal_the_whole_bias():
+    """Past 512 keys the attention module asks the bias one block of queries at a time; the
+    context of each query counts from the first key, so blocks agree with the whole."""
+    torch.manual_seed(1)
+    enc = T5Bias(num_buckets="auto", max_distance="auto", train_length=64, causal=True,
+                 heads=2, head_dim=4)  # fmt: skip
+    attn = Attention(8, 2, enc, causal=True).double()
+    x = torch.randn(1, 600, 8, dtype=torch.float64)
+    with torch.no_grad():
+        got = attn(x)
+        q, k, v = (
+            attn.split_heads(attn.q(x)),
+            *(attn.split_heads(t) for t in attn.kv(x).chunk(2, dim=-1)),
+        )
+        pos = torch.arange(600)
+        out = dense_attention(q, k, v, enc.bias(q, q, pos, pos), True, enc.logit_scale())
+        want = attn.merge_heads(out)
+    torch.testing.assert_close(got, want, atol=1e-9, rtol=1e-9)
+
+
+def test_shaw_rescaled_rows_by_hand():
+    # k = 16 (L = 64), h = 8; the query at 127 has s = 2: |d| > 8 reads 8 + (|d| - 8) / 2
+    enc = ShawRelative(max_distance="auto", train_length=64, heads=1, head_dim=4, causal=True)
+    pos = torch.arange(128)
+    lo, hi, w = enc.soft_rows(pos, pos)
+    row = {d: (int(lo[127, 127 - d]), int(hi[127, 127 - d]), float(w[127, 127 - d]))
+           for d in (4, 8, 20, 21, 24, 40)}  # fmt: skip
+    # rows are clip(j - i) + 16: d = 4 -> 12; 20 -> 14 -> 2; 21 -> 14.5 -> 1.5; 24, 40 -> 0
+    assert row == {4: (12, 13, 0.0), 8: (8, 9, 0.0), 20: (2, 3, 0.0), 21: (1, 2, 0.5),
+                   24: (0, 1, 0.0), 40: (0, 1, 0.0)}  # fmt: skip
+    assert enc.soft_rows(pos[:64], pos[:64]) is None  # inside the trained context: plain clip
+
+
+def test_shaw_rescaled_attention_matches_interpolated_embeddings():
+    """Eq. 3-4 with a^K_ij, a^V_ij interpolated between the two rows, built pair by pair."""
+    torch.manual_seed(2)
+    enc = ShawRelative(max_distance="auto", train_length=8, heads=2, head_dim=4, causal=True)
+    attn = Attention(8, 2, enc, causal=True).double()
+    with torch.no_grad():
+        enc.key_table.normal_()
+        enc.value_table.normal_()
+    x = torch.randn(2, 20, 8, dtype=torch.float64)
+    got = attn(x)
+    q = attn.split_heads(attn.q(x))
+    key, val = (attn.split_heads(t) for t in attn.kv(x).chunk(2, dim=-1))
+    k, near, n = 2, 1, 20
+    a_key = torch.zeros(n, n, 4, dtype=torch.float64)
+    a_val = torch.zeros(n, n, 4, dtype=torch.float64)
+    for i in range(n):
+        s = max(1.0, (i + 1) / 8)
+        for j in range(n):
+            d = j - i
+            u = abs(d) if abs(d) <= near else min(near + (abs(d) - near) / s, k)
+            u = math.copysign(u, d) + k
+            lo = math.floor(u)
+            hi, w = min(lo + 1, 2 * k), u - lo
+            a_key[i, j] = (1 - w) * enc.key_table[lo] + w * enc.key_table[hi]
+            a_val[i, j] = (1 - w) * enc.value_table[lo] + w * enc.value_table[hi]
+    e = (q[:, :, :, None] * (key[:, :, None] + a_key)).sum(-1) / 2.0
+    e = e.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    z = (e.softmax(-1)[..., None] * (val[:, :, None] + a_val)).sum(-2)
+    torch.testing.assert_close(got, attn.merge_heads(z), atol=1e-10, rtol=1e-10)
+
+
+def test_irpe_rescaled_gamma_by_hand():
+    # trained 8 x 8: ratio 1, alpha 1, beta 2, gamma 8; cross row ids are g(dr) + 2.
+    # On 16 x 16, gamma is 16: g(3) = round(1 + ln 3 / ln 16) = round(1.40) = 1 (fixed: 1.53 -> 2)
+    enc = ImageRPE(method="cross", mode="bias", ratio="auto", height=8, width=8, heads=2)
+    fixed = ImageRPE(method="cross", mode="bias", ratio=1.0, heads=2)
+    g16, g8 = grid_positions(16, 16), grid_positions(8, 8)
+    rows = [int(enc.map_ids(g16, g16)[0][0, 16 * r]) for r in range(6)]
+    assert rows == [2, 1, 1, 1, 0, 0]  # query (0, 0), keys (r, 0): offsets -r
+    assert [int(fixed.map_ids(g16, g16)[0][0, 16 * r]) for r in range(6)] == [2, 1, 1, 0, 0, 0]
+    for got, want in zip(enc.map_ids(g8, g8), fixed.map_ids(g8, g8), strict=True):
+        assert torch.equal(got, want)  # the trained grid: the plain ids
+    off = ImageRPE(method="cross", mode="bias", ratio="auto", height=8, width=8, rescale=False)
+    assert torch.equal(off.map_ids(g16, g16)[0], fixed.map_ids(g16, g16)[0])
+
+
+# --- the soft index and the learned breakpoints ----------------------------------------------
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize(("nb", "md"), [(32, 128), (16, 64), (20, 16), (8, 6), (64, 256)])
+def test_real_breakpoint_buckets_are_the_fixed_ones_at_integers(bidirectional, nb, md):
+    per_side = nb // 2 if bidirectional else nb
+    distance = torch.arange(0, 1000)
+    got = log_buckets(distance, float(per_side // 2), float(md), per_side)
+    want = relative_position_bucket(-distance, bidirectional, nb, md)  # keys before the query
+    assert torch.equal(got, want)
+    soft = soft_index.t5_index(distance.double(), per_side // 2, md, per_side)
+    assert torch.equal(soft[: per_side // 2], distance[: per_side // 2].double())  # exact band
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize(("nb", "md"), [(32, 128), (20, 16), (8, 6)])
+def test_frozen_learned_breakpoints_are_the_fixed_function(causal, nb, md):
+    torch.manual_seed(3)
+    fixed = T5Bias(num_buckets=nb, max_distance=md, causal=causal, heads=2, head_dim=4)
+    learned = T5Bias(num_buckets=nb, max_distance=md, causal=causal, heads=2, head_dim=4,
+                     breakpoints="learned")  # fmt: skip
+    learned.load_state_dict(fixed.state_dict(), strict=False)
+    learned.requires_grad_(False)
+    assert not learned.soft
+    pos = torch.arange(-150, 151)
+    assert torch.equal(learned.bucket_ids(pos, pos), fixed.bucket_ids(pos, pos))
+    q = torch.randn(1, 2, len(pos), 4)
+    assert torch.equal(learned.bias(q, q, pos, pos), fixed.bias(q, q, pos, pos))
+    # learning: on the exact band the soft read is one entry, so it equals the fixed bias
+    learned.requires_grad_(True)
+    near = torch.arange(learned.max_exact)
+    torch.testing.assert_close(learned.bias(q, q, near, near), fixed.bias(q, q, near, near))
+
+
+def test_gradient_reaches_the_breakpoints():
+    torch.manual_seed(4)
+    enc = T5Bias(num_buckets="auto", max_distance="auto", train_length=32, causal=True,
+                 breakpoints="learned", heads=2, head_dim=4)  # fmt: skip
+    attn = Attention(8, 2, enc, causal=True)
+    x = torch.randn(2, 48, 8)  # past the trained 32: the stretched range too
+    (attn(x) ** 2).sum().backward()
+    for p in (enc.log_exact, enc.log_span, enc.table.weight):
+        assert p.grad is not None and bool(p.grad.abs().sum() > 0)
+    ids = enc.bucket_ids(torch.arange(48), torch.arange(48))
+    assert int(ids.min()) >= 0 and int(ids.max()) < enc.num_buckets
+
+
+def test_soft_index_finite_differences():
+    torch.manual_seed(5)
+    distance = torch.tensor([0.0, 3.0, 5.0, 9.0, 17.0, 40.0, 90.0], dtype=torch.float64)
+    me = torch.tensor(4.3, dtype=torch.float64, requires_grad=True)
+    md = torch.tensor(37.7, dtype=torch.float64, requires_grad=True)
+    table = torch.randn(3, 16, dtype=torch.float64, requires_grad=True)
+
+    def t5(me, md, table):
+        return soft_index.read(table, soft_index.t5_index(distance, me, md, 16), 15)
+
+    assert torch.autograd.gradcheck(t5, (me, md, table))
+    x = torch.tensor([-40.0, -6.0, -1.0, 0.0, 1.5, 2.0, 7.0, 11.0, 90.0], dtype=torch.float64)
+    alpha = torch.tensor(1.7, dtype=torch.float64, requires_grad=True)
+    gamma = torch.tensor(13.1, dtype=torch.float64, requires_grad=True)
+    values = torch.randn(2, 9, dtype=torch.float64, requires_grad=True)  # B = 4: 9 buckets
+
+    def irpe(alpha, gamma, values):
+        return soft_index.read(values, soft_index.piecewise_index(x, alpha, 4.2, gamma) + 4, 8)
+
+    assert torch.autograd.gradcheck(irpe, (alpha, gamma, values))
+
+
+IRPE_PARAMS = [(1.9, 3.8, 15.2), (2.0, 4.0, 16.0), (1.0, 2.0, 8.0), (3.5, 7.0, 14.0)]
+
+
+@pytest.mark.parametrize(("alpha", "beta", "gamma"), IRPE_PARAMS)
+def test_soft_piecewise_index_rounds_to_eq_18(alpha, beta, gamma):
+    x = torch.arange(-300, 301, dtype=torch.float64)
+    u = soft_index.piecewise_index(x, alpha, beta, gamma)
+    assert torch.equal(u.round().long(), fixed_piecewise(x, alpha, beta, gamma))
+    assert float(u.abs().max()) == int(beta)
+
+
+# --- the recipes -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["text/lm-adaptive", "text/lm-adaptive-shaw"])
+def test_the_adaptive_lm_studies_have_the_lm_studys_budget(name):
+    from posenc_cli.config import load_recipe
+
+    study, lm = load_recipe(name), load_recipe("text/lm-extrapolation")
+    for section in ("model", "data", "train", "eval"):
+        assert getattr(study, section) == getattr(lm, section), section
+    assert study.encoding.params["train_length"] == lm.data.train_lengths[1]
