@@ -24,14 +24,16 @@ patch query, which is what lets a relative encoding compute its term per slot on
   on the real positions, so the relative terms stay exact; a window slot that lands on a global
   patch is masked, the pair being counted once, as a global one.
 
-Keys of each query's slots are gathered into ``(B, H, N, K, d)`` by one ``index_select`` with a
-zero row for off-grid slots: memory linear in the number of patches, one batched contraction
-instead of a Python loop over slots.
+Keys of each query's slots are gathered into ``(B, H, N, K, d)``: memory linear in the number of
+patches, traded for one batched contraction instead of a Python loop over slots.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from posenc_cli.encodings.base import PositionEncoding, grid_shape
@@ -71,8 +73,7 @@ def slot_keys(height: int, width: int, offsets: Tensor) -> Tensor:
 
 def gather_slots(x: Tensor, keys: Tensor) -> Tensor:
     """``(B, H, h*w, d)`` patches -> ``(B, H, Nq, K, d)``, the keys of ``keys`` ``(Nq, K)``;
-    off-grid slots read a zero row. ``index_select``, whose backward is an index_add, measured
-    as fast as the unfold it replaced."""
+    off-grid slots read a zero row. Any list of slots."""
     B, H, _, d = x.shape
     padded = torch.cat([x, x.new_zeros(B, H, 1, d)], dim=2)
     return padded.index_select(2, keys.flatten()).view(B, H, *keys.shape, d)
@@ -81,9 +82,20 @@ def gather_slots(x: Tensor, keys: Tensor) -> Tensor:
 def gather_windows(
     x: Tensor, height: int, width: int, window: int, dilation: int = 1, stride: int | None = None
 ) -> Tensor:
-    """``(B, H, h*w, d)`` patches -> ``(B, H, h*w, K, d)``: each patch's slots, zero-padded."""
-    offsets = slot_offsets(window, x.device, dilation, stride)
-    return gather_slots(x, slot_keys(height, width, offsets))
+    """``(B, H, h*w, d)`` patches -> ``(B, H, h*w, K, d)``: each patch's slots, zero-padded, in
+    ``slot_offsets``' order."""
+    if stride is not None:
+        offsets = slot_offsets(window, x.device, dilation, stride)
+        return gather_slots(x, slot_keys(height, width, offsets))
+    # a square of slots: unfold, which measured 15-25% faster in the forward than gather_slots
+    B, H, _, d = x.shape
+    r = (window // 2) * dilation
+    span = 2 * r + 1
+    grid = x.reshape(B, H, height, width, d)
+    padded = F.pad(grid, (0, 0, r, r, r, r))  # (B, H, h + 2r, w + 2r, d)
+    windows = padded.unfold(2, span, 1).unfold(3, span, 1)  # (B, H, h, w, d, span, span)
+    windows = windows[..., ::dilation, ::dilation]  # (B, H, h, w, d, k, k)
+    return windows.permute(0, 1, 2, 3, 5, 6, 4).reshape(B, H, height * width, window**2, d)
 
 
 def valid_slots(
@@ -92,6 +104,25 @@ def valid_slots(
     """True where a slot falls on the grid, ``(h*w, K)``."""
     offsets = slot_offsets(window, device, dilation, stride)
     return slot_keys(height, width, offsets) < height * width
+
+
+@lru_cache(maxsize=16)
+def slot_table(
+    height: int,
+    width: int,
+    window: int,
+    dilation: int,
+    stride: int | None,
+    global_tokens: int,
+    device: torch.device,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The pattern's ``(K, 2)`` offsets, and for the non-global patch queries ``(N - G, K)``
+    their key indices and which slots count: on the grid, and not a global patch (whose pair
+    the global columns already hold). Cached: on a loaded CPU these small integer ops measured
+    a fifth of a 4,096-patch forward."""
+    offsets = slot_offsets(window, device, dilation, stride)
+    keys = slot_keys(height, width, offsets)[global_tokens:]
+    return offsets, keys, (keys < height * width) & (keys >= global_tokens)
 
 
 def check_pattern(
@@ -149,15 +180,17 @@ def window_attention(
     check_global(global_tokens, height, width)
     n_global = prefix + global_tokens  # the first tokens: prefix, then the first patches
     glob, rest = slice(0, n_global), slice(n_global, None)
-    offsets = slot_offsets(window, q.device, dilation, stride)
-    keys = slot_keys(height, width, offsets)[global_tokens:]  # (N - G, K): non-global queries
-    # off the grid, or a global patch whose pair the global columns already count
-    valid = (keys < height * width) & (keys >= global_tokens)
+    pattern = (height, width, window, dilation, stride, global_tokens, q.device)
+    offsets, keys, valid = slot_table(*pattern)
     neg = torch.finfo(q.dtype).min
 
+    def slots_of(x: Tensor) -> Tensor:  # (B, H, h*w, d) -> (B, H, N - G, K, d)
+        if stride is None:
+            return gather_windows(x, height, width, window, dilation)[:, :, global_tokens:]
+        return gather_slots(x, keys)
+
     q_rest = q[:, :, rest]  # (B, H, N - G, d)
-    k_win = gather_slots(k[:, :, prefix:], keys)  # (B, H, N - G, K, d)
-    v_win = gather_slots(v[:, :, prefix:], keys)
+    k_win, v_win = slots_of(k[:, :, prefix:]), slots_of(v[:, :, prefix:])
     logits = torch.einsum("bhnd,bhnkd->bhnk", q_rest, k_win) * scale  # (B, H, N - G, K)
     logits = _plus(logits, encoding.window_bias(q_rest, k_win, offsets))
     logits = logits.masked_fill(~valid, neg)
