@@ -310,3 +310,128 @@ def test_the_adaptive_lm_studies_have_the_lm_studys_budget(name):
     for section in ("model", "data", "train", "eval"):
         assert getattr(study, section) == getattr(lm, section), section
     assert study.encoding.params["train_length"] == lm.data.train_lengths[1]
+
+
+def test_t5_learned_breakpoints_through_the_blocked_kernel():
+    """Past 512 causal keys the distance table goes block by block through the flash kernel;
+    the soft table's gradient still reaches the breakpoints, and values match the dense path."""
+    torch.manual_seed(6)
+    enc = T5Bias(num_buckets=16, max_distance=64, causal=True, breakpoints="learned", heads=2,
+                 head_dim=4).double()  # fmt: skip
+    attn = Attention(8, 2, enc, causal=True).double()
+    x = torch.randn(1, 520, 8, dtype=torch.float64)
+    (attn(x) ** 2).sum().backward()
+    grads = [p.grad.clone() for p in (enc.log_exact, enc.log_span)]
+    q, k, v = (
+        attn.split_heads(attn.q(x)),
+        *(attn.split_heads(t) for t in attn.kv(x).chunk(2, dim=-1)),
+    )
+    pos = torch.arange(520)
+    enc.zero_grad()
+    out = dense_attention(q, k, v, enc.bias(q, q, pos, pos), True, enc.logit_scale())
+    (attn.merge_heads(out) ** 2).sum().backward()
+    for got, p in zip(grads, (enc.log_exact, enc.log_span), strict=True):
+        assert bool(got.abs() > 0)
+        torch.testing.assert_close(got, p.grad, atol=1e-8, rtol=1e-6)
+
+
+# --- iRPE's learned breakpoints --------------------------------------------------------------
+
+IRPE_CASES = [(m, mode) for m in ("euclidean", "quant", "cross", "product")
+              for mode in ("bias", "contextual")]  # fmt: skip
+
+
+def irpe_pair(method, mode, window=None):
+    """A fixed and a learned iRPE with the same random tables, in float64 attention."""
+    on = "qkv" if mode == "contextual" else "qk"
+    torch.manual_seed(7)
+    made = []
+    for breakpoints in ("fixed", "learned"):
+        enc = ImageRPE(method=method, mode=mode, on=on, heads=2, head_dim=4,
+                       breakpoints=breakpoints).double()  # fmt: skip
+        made.append(Attention(8, 2, enc, window=window).double())
+    for table in made[0].encoding.tables.values():
+        torch.nn.init.normal_(table)
+    made[1].load_state_dict(made[0].state_dict(), strict=False)
+    return made
+
+
+@pytest.mark.parametrize(("method", "mode"), IRPE_CASES)
+@pytest.mark.parametrize("window", [None, 3])
+def test_frozen_irpe_breakpoints_are_the_fixed_function(method, mode, window):
+    fixed, learned = irpe_pair(method, mode, window)
+    learned.encoding.log_alpha.requires_grad_(False)  # the breakpoints alone: the tables
+    learned.encoding.log_gamma.requires_grad_(False)  # still learn, so both take one path
+    pos = grid_positions(5, 6, prefix=1)
+    x = torch.randn(2, len(pos), 8, dtype=torch.float64)
+    assert not learned.encoding.soft
+    assert torch.equal(learned(x, positions=pos), fixed(x, positions=pos))
+    for got, want in zip(learned.encoding.map_ids(pos, pos), fixed.encoding.map_ids(pos, pos),
+                         strict=True):  # fmt: skip
+        assert torch.equal(got, want)
+
+
+def soft_reference(enc: ImageRPE, q_pos, k_pos):
+    """Bias-mode keys term pair by pair: the soft index per axis in plain Python floats, its
+    two neighbours, their product (or the one axis of euclidean / quant) read from the table."""
+    (alpha, beta, gamma), count = enc.learned_scales()[0], enc.counts[0]
+    a, g, B = float(alpha.detach()), float(gamma.detach()), int(beta)
+    table = next(iter(enc._letter_tables("k")))  # (1, nb), merged for cross
+
+    def u(x: float) -> float:
+        if abs(x) <= a:
+            return float(x)
+        return math.copysign(min(a + math.log(abs(x) / a) / math.log(g / a) * (beta - a), B), x)
+
+    def reads(x: float) -> list[tuple[int, float]]:
+        at = u(x) + B
+        lo = math.floor(at)
+        return [(lo, 1 - (at - lo)), (min(lo + 1, 2 * B), at - lo)]
+
+    out = torch.zeros(len(q_pos), len(k_pos), dtype=torch.float64)
+    for i, (qr, qc) in enumerate(q_pos.tolist()):
+        for j, (kr, kc) in enumerate(k_pos.tolist()):
+            if qr < 0 or kr < 0:
+                prefix = (count - 1) ** 2 if enc.method == "cross" else count - 1
+                out[i, j] = table[0, prefix]
+                continue
+            dr, dc = qr - kr, qc - kc
+            if enc.method in ("euclidean", "quant"):
+                x = dr * dr + dc * dc
+                x = round(math.sqrt(x)) if enc.method == "euclidean" else x
+                out[i, j] = sum(w * table[0, b] for b, w in reads(x))
+            else:
+                side = count - 1 if enc.method == "cross" else 2 * B + 1
+                out[i, j] = sum(wr * wc * table[0, r * side + c]
+                                for r, wr in reads(dr) for c, wc in reads(dc))  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("method", ["euclidean", "quant", "cross", "product"])
+def test_soft_irpe_reads_by_hand(method):
+    torch.manual_seed(8)
+    enc = ImageRPE(method=method, mode="bias", on="k", heads=2, head_dim=4,
+                   breakpoints="learned").double()  # fmt: skip
+    with torch.no_grad():
+        for table in enc.tables.values():
+            table.normal_()
+        enc.log_alpha.fill_(0.1)  # off the integers, so the reads really are blends
+        enc.log_gamma.fill_(-0.2)
+    pos = grid_positions(4, 5, prefix=1)
+    got = enc.bias(None, None, pos, pos)[0, 0]
+    torch.testing.assert_close(got, soft_reference(enc, pos, pos), atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize(("method", "mode"), [("product", "contextual"), ("cross", "bias")])
+def test_gradient_reaches_irpe_breakpoints_and_windows_agree(method, mode):
+    _, learned = irpe_pair(method, mode)
+    enc = learned.encoding
+    pos = grid_positions(6, 6, prefix=1)
+    x = torch.randn(2, len(pos), 8, dtype=torch.float64)
+    out = learned(x, positions=pos)
+    (out**2).sum().backward()
+    assert bool(enc.log_alpha.grad.abs().sum() > 0) and bool(enc.log_gamma.grad.abs().sum() > 0)
+    # a window covering the grid reads the same soft buckets as global attention
+    windowed = Attention(8, 2, enc, window=11).double()
+    windowed.load_state_dict(learned.state_dict())
+    torch.testing.assert_close(windowed(x, positions=pos), out, atol=1e-10, rtol=1e-10)

@@ -69,6 +69,14 @@ buckets at 14 x 14, as the official 1.9; 9 x 9 at 16 x 16; 17 x 17 at 32 x 32). 
 by default with ``auto``) multiplies every scale's ``gamma`` by ``max(1, S' / S)`` on a grid of
 side ``S'`` (1 + the largest row or column offset of the call) larger than the trained side
 ``S``: the logarithmic band stretches to the new grid, the exact band and the table stay.
+
+Learned breakpoints (``breakpoints: learned``): every scale's ``alpha = a0 exp(log_alpha)`` and
+``gamma = g0 exp(log_gamma)`` are parameters (kept ``alpha <= beta`` and ``gamma > alpha``);
+``beta`` stays, since ``int(beta)`` sizes the tables. While they require gradients each pair
+reads its table entry interpolated at the continuous index (``kernels/soft_index.py``): between
+two buckets on one axis (euclidean, quant), bilinearly between four for product and cross.
+Those reads take the generic hooks (not the contextual kernel). Frozen, the pairs read the hard
+buckets at the breakpoints reached, at the start exactly the fixed function's.
 """
 
 from __future__ import annotations
@@ -93,7 +101,7 @@ from posenc_cli.encodings.irpe_index import (
     piecewise_index,
 )
 from posenc_cli.errors import UsageError
-from posenc_cli.kernels import bucket_attention
+from posenc_cli.kernels import bucket_attention, soft_index
 from posenc_cli.kernels.biased_sdpa import EXPLICIT_MAX_PAIRS
 from posenc_cli.kernels.buckets import gather_buckets, sum_per_bucket
 
@@ -101,6 +109,9 @@ Mode = Literal["bias", "contextual"]
 On = Literal["k", "q", "v", "qk", "kv", "qv", "qkv"]
 ONS: tuple[str, ...] = ("k", "q", "v", "qk", "kv", "qv", "qkv")
 Params = tuple[float, float, float]  # (alpha, beta, gamma) of one index scale
+Breakpoints = Literal["fixed", "learned"]
+Pairs = list[tuple[Tensor, Tensor | None]]  # (ids, weight or None = 1) read and summed
+MIN_GAP = 1e-3  # how close a learned gamma may come to alpha (ln(gamma / alpha) > 0)
 
 
 def index_scales(
@@ -173,6 +184,15 @@ def resolve_auto(
     return base, picked["alpha"], picked["beta"], picked["gamma"]  # type: ignore[return-value]
 
 
+def soft_reads(x: Tensor, alpha: Tensor, beta: float, gamma: Tensor) -> Pairs:
+    """The two ``(ids, weight)`` reads of the soft index of ``x`` (ids shifted by
+    ``int(beta)`` as the fixed ones): ``soft_index.piecewise_index`` between its neighbours."""
+    B = int(beta)
+    u = soft_index.piecewise_index(x.double(), alpha, beta, gamma) + B
+    lo, hi, w = soft_index.neighbours(u, 2 * B)
+    return [(lo, 1 - w), (hi, w)]
+
+
 def grid_reach(*positions: Tensor) -> tuple[int, int]:
     """Largest row and column distance between any two grid tokens of ``positions``."""
     coords = torch.cat(positions)  # (n, 2)
@@ -236,11 +256,15 @@ class ImageRPE(PositionEncoding):
         height: int | None = None,
         width: int | None = None,
         rescale: bool | None = None,
+        breakpoints: Breakpoints = "fixed",
         heads: int = 8,
         head_dim: int = 64,
         causal: bool = False,
     ) -> None:
         super().__init__(heads=heads, head_dim=head_dim, causal=causal)
+        if breakpoints not in ("fixed", "learned"):
+            raise UsageError(f"irpe.breakpoints must be 'fixed' or 'learned', got {breakpoints!r}")
+        self.breakpoints = breakpoints
         auto = any(is_auto(v) for v in (ratio, alpha, beta, gamma))
         self.rescale = auto if rescale is None else rescale
         self.trained_side: int | None = None  # max(height, width), read by rule 2
@@ -277,6 +301,9 @@ class ImageRPE(PositionEncoding):
                     else:
                         shape = (table_heads, head_dim, count)
                     self.tables[self.table_name(letter, s, m)] = nn.Parameter(torch.zeros(shape))
+        if breakpoints == "learned":  # log multipliers of every scale's alpha and gamma
+            self.log_alpha = nn.Parameter(torch.zeros(len(self.scales)))
+            self.log_gamma = nn.Parameter(torch.zeros(len(self.scales)))
         self._offset_tables: dict[tuple, tuple[Tensor, ...]] = {}
         self._pair_cache: dict[tuple, tuple[Tensor, Tensor, list[Tensor]]] = {}
         self._slot_cache: dict[tuple, tuple[Tensor, list[Tensor]]] = {}
@@ -301,6 +328,7 @@ class ImageRPE(PositionEncoding):
     def extra_repr(self) -> str:
         ratios = ", ".join(f"{a:g}:{b:g}:{g:g}" for a, b, g in self.scales)
         extra = f", rescale=True (trained side {self.trained_side})" if self.rescale else ""
+        extra += ", breakpoints=learned" if self.learned else ""
         return (
             f"method={self.method}, mode={self.mode}, on={self.on}, "
             f"shared_head={self.shared_head}, alpha:beta:gamma={ratios}, buckets={self.counts}"
@@ -309,24 +337,93 @@ class ImageRPE(PositionEncoding):
 
     # --- bucket ids ---------------------------------------------------------------------------
 
+    @property
+    def learned(self) -> bool:
+        return self.breakpoints == "learned"
+
+    @property
+    def soft(self) -> bool:
+        """Interpolated reads while the learned breakpoints require gradients; hard when frozen."""
+        return self.learned and (self.log_alpha.requires_grad or self.log_gamma.requires_grad)
+
+    def learned_scales(self) -> list[tuple[Tensor, float, Tensor]]:
+        """Every scale's ``(alpha, beta, gamma)`` with the learned alpha and gamma, float64
+        scalars with their gradients."""
+        out = []
+        for s, (a0, beta, g0) in enumerate(self.scales):
+            alpha = (a0 * self.log_alpha[s].double().exp()).clamp(max=beta)
+            gamma = torch.maximum(g0 * self.log_gamma[s].double().exp(), alpha + MIN_GAP)
+            out.append((alpha, beta, gamma))
+        return out
+
     def grid_scales(self, reach: tuple[int, int]) -> list[Params]:
-        """Every scale's ``(alpha, beta, gamma)`` on a grid whose offsets reach ``reach``: with
-        ``rescale``, ``gamma`` stretched past the trained side (rule 2)."""
+        """Every scale's ``(alpha, beta, gamma)`` on a grid whose offsets reach ``reach``: the
+        learned breakpoints as they stand, and with ``rescale`` ``gamma`` stretched past the
+        trained side (rule 2)."""
+        scales = self.scales
+        if self.learned:
+            scales = [(a.item(), b, g.item()) for a, b, g in self.learned_scales()]
         if not self.rescale or self.trained_side is None:
-            return self.scales
+            return scales
         s = adaptive.grid_stretch(reach, self.trained_side)
-        return [(a, b, g * s) for a, b, g in self.scales]
+        return [(a, b, g * s) for a, b, g in scales]
 
     def _tables_for(self, reach: tuple[int, int], device: torch.device) -> list[Tensor]:
         """Offset -> id tables of every (scale, map), covering offsets up to ``reach``."""
-        key = (reach, device)
+        scales = self.grid_scales(reach)
+        key = (reach, device, tuple(scales))  # learned breakpoints move: their values count
         if key not in self._offset_tables:
             tables: list[Tensor] = []
-            for params in self.grid_scales(reach):
+            for params in scales:
                 made = bucket_table(self.method, reach[0] + 1, reach[1] + 1, *params)
                 tables.extend(made if isinstance(made, tuple) else (made,))
             self._offset_tables[key] = tuple(t.to(device) for t in tables)
         return list(self._offset_tables[key])
+
+    def soft_ids(
+        self, offsets: Tensor, prefix: Tensor | None, reach: tuple[int, int]
+    ) -> list[Pairs]:
+        """Per scale, the ``(ids, weight)`` reads of ``(..., 2)`` offsets (query minus key)
+        into its (cross: merged) table: the soft index of each axis (of the distance for
+        euclidean and quant) between its two neighbouring buckets, the axes' reads combined
+        with multiplied weights; prefix pairs (``prefix``) read the prefix bucket."""
+        stretch = 1.0
+        if self.rescale and self.trained_side is not None:
+            stretch = adaptive.grid_stretch(reach, self.trained_side)
+        dr, dc = offsets[..., 0], offsets[..., 1]
+        out = []
+        for (alpha, beta, gamma), count in zip(self.learned_scales(), self.counts, strict=True):
+            params = (alpha, beta, gamma * stretch)
+            if self.method == "euclidean":  # the distance rounded first, in float32
+                reads = soft_reads((dr * dr + dc * dc).float().sqrt().round(), *params)
+            elif self.method == "quant":
+                reads = soft_reads(dr * dr + dc * dc, *params)
+            else:  # product and cross index the same (rows, cols) grid of buckets
+                side = count - 1 if self.method == "cross" else 2 * int(beta) + 1
+                rows, cols = soft_reads(dr, *params), soft_reads(dc, *params)
+                reads = [(r * side + c, wr * wc) for r, wr in rows for c, wc in cols]
+            if prefix is not None:
+                prefix_id = (count - 1) ** 2 if self.method == "cross" else count - 1
+                reads = [(ids.masked_fill(prefix, prefix_id), w) for ids, w in reads]
+            out.append(reads)
+        return out
+
+    def pairs(self, q_pos: Tensor, k_pos: Tensor) -> list[Pairs]:
+        """Per scale, what every (query, key) pair reads: one id each (weight None), or the
+        soft reads while the learned breakpoints require gradients."""
+        if not self.soft:
+            return [[(ids, None)] for ids in self.pair_bucket_ids(q_pos, k_pos)]
+        offsets = q_pos[:, None, :] - k_pos[None, :, :]  # (Nq, Nk, 2), query minus key
+        prefix = (q_pos[:, None, 0] < 0) | (k_pos[None, :, 0] < 0)  # (Nq, Nk)
+        offsets = offsets.masked_fill(prefix[..., None], 0)
+        return self.soft_ids(offsets, prefix, grid_reach(q_pos, k_pos))
+
+    def slot_pairs(self, offsets: Tensor) -> list[Pairs]:
+        """``pairs`` for window slots at ``(K, 2)`` offsets (query minus key)."""
+        if not self.soft:
+            return [[(ids, None)] for ids in self.slot_bucket_ids(offsets)]
+        reach = offsets.abs().amax(dim=0).tolist() if len(offsets) else [0, 0]
+        return self.soft_ids(offsets, None, (int(reach[0]), int(reach[1])))
 
     def _merge_maps(self, ids: list[Tensor]) -> list[Tensor]:
         """Per (scale, map) ids -> one id tensor per scale (cross: ``cross_ids``)."""
@@ -348,6 +445,8 @@ class ImageRPE(PositionEncoding):
 
     def pair_bucket_ids(self, q_pos: Tensor, k_pos: Tensor) -> list[Tensor]:
         """``(Nq, Nk)`` ids into each scale's (cross: merged) table, cached by position values."""
+        if self.learned:  # the ids move with the breakpoints: never cached
+            return self._merge_maps(self.map_ids(q_pos, k_pos))
         key = (tuple(q_pos.shape), tuple(k_pos.shape), q_pos.dtype, q_pos.device)
         hit = self._pair_cache.get(key)
         if hit is not None and torch.equal(hit[0], q_pos) and torch.equal(hit[1], k_pos):
@@ -360,7 +459,7 @@ class ImageRPE(PositionEncoding):
         """``(K,)`` ids into each scale's (cross: merged) table for window slots at ``offsets``
         ``(K, 2)``, query minus key."""
         key = (tuple(offsets.shape), offsets.dtype, offsets.device)
-        hit = self._slot_cache.get(key)
+        hit = None if self.learned else self._slot_cache.get(key)
         if hit is not None and torch.equal(hit[0], offsets):
             return hit[1]
         reach = offsets.abs().amax(dim=0).tolist() if len(offsets) else [0, 0]
@@ -395,21 +494,30 @@ class ImageRPE(PositionEncoding):
 
     def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         terms: list[Tensor] = []
+        bias_mode = self.mode == "bias"
         if "k" in self.on:
-            ids = self.pair_bucket_ids(q_pos, k_pos)  # [(Nq, Nk)]
-            for table, idx in zip(self._letter_tables("k"), ids, strict=True):
-                if self.mode == "bias":
-                    terms.append(table_bias(table, idx))  # (1, H|1, Nq, Nk)
-                else:
-                    terms.append(gather_buckets(self._per_bucket(q, table), idx))  # (B, H, Nq, Nk)
+            for table, reads in zip(
+                self._letter_tables("k"), self.pairs(q_pos, k_pos), strict=True
+            ):
+                per_bucket = None if bias_mode else self._per_bucket(q, table)  # (B, H, Nq, nb)
+                for idx, w in reads:
+                    if per_bucket is None:
+                        term = table_bias(table, idx)  # (1, H|1, Nq, Nk)
+                    else:
+                        term = gather_buckets(per_bucket, idx)  # (B, H, Nq, Nk)
+                    terms.append(term if w is None else term * w.to(term.dtype))
         if "q" in self.on:
-            ids_t = self.pair_bucket_ids(k_pos, q_pos)  # [(Nk, Nq)]: b(j, i), key minus query
-            for table, idx in zip(self._letter_tables("q"), ids_t, strict=True):
-                if self.mode == "bias":
-                    terms.append(table_bias(table, idx.T))  # (1, H|1, Nq, Nk)
-                else:
-                    per_key = self._per_bucket(k, table)  # (B, H, Nk, nb)
-                    terms.append(bucket_attention.column_term(per_key, idx))  # (B, H, Nq, Nk)
+            # b(j, i), key minus query: ids (Nk, Nq)
+            for table, reads in zip(
+                self._letter_tables("q"), self.pairs(k_pos, q_pos), strict=True
+            ):
+                per_key = None if bias_mode else self._per_bucket(k, table)  # (B, H, Nk, nb)
+                for idx, w in reads:
+                    if per_key is None:
+                        term = table_bias(table, idx.T)  # (1, H|1, Nq, Nk)
+                    else:
+                        term = bucket_attention.column_term(per_key, idx)  # (B, H, Nq, Nk)
+                    terms.append(term if w is None else term * w.T.to(term.dtype))
         if not terms:
             return None
         total = terms[0]
@@ -420,9 +528,10 @@ class ImageRPE(PositionEncoding):
     def attend(self, q, k, v, q_pos, k_pos, scale, causal) -> Tensor | None:
         """Contextual terms on the explicit path with a hand-written backward
         (``kernels/bucket_attention.py``), up to the size where the explicit path pays; bias
-        mode, and larger inputs without a value term, take the attention module's paths."""
+        mode, soft reads, and larger inputs without a value term, take the attention module's
+        paths."""
         small = q.shape[-2] * k.shape[-2] <= EXPLICIT_MAX_PAIRS
-        if self.mode != "contextual" or causal or not (small or self.uses_value):
+        if self.mode != "contextual" or causal or self.soft or not (small or self.uses_value):
             return None
         ids = self.pair_bucket_ids(q_pos, k_pos) if "k" in self.on or "v" in self.on else []
         rows = cols = values = []
@@ -440,10 +549,14 @@ class ImageRPE(PositionEncoding):
     def value(self, attn: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         if "v" not in self.on:
             return None
-        ids = self.pair_bucket_ids(q_pos, k_pos)
         out = None
-        for table, idx in zip(self._letter_tables("v"), ids, strict=True):
-            weight = sum_per_bucket(attn, idx, table.shape[-2])  # (B, H, Nq, nb)
+        for table, reads in zip(self._letter_tables("v"), self.pairs(q_pos, k_pos), strict=True):
+            weight = None  # (B, H, Nq, nb): attention summed per bucket, split by the reads
+            for idx, w in reads:
+                split = attn if w is None else attn * w.to(attn.dtype)
+                part = sum_per_bucket(split, idx, table.shape[-2])
+                weight = part if weight is None else weight + part
+            assert weight is not None
             term = weight @ (table[0] if table.shape[0] == 1 else table)  # (B, H, Nq, d)
             out = term if out is None else out + term
         return out
@@ -451,21 +564,28 @@ class ImageRPE(PositionEncoding):
     def window_bias(self, q: Tensor, k_window: Tensor, offsets: Tensor) -> Tensor | None:
         terms: list[Tensor] = []
         if "k" in self.on:
-            ids = self.slot_bucket_ids(offsets)  # [(K,)]
-            for table, idx in zip(self._letter_tables("k"), ids, strict=True):
-                if self.mode == "bias":
-                    terms.append(table[:, idx][None, :, None])  # (1, H|1, 1, K)
-                else:
-                    per_bucket = self._per_bucket(q, table)  # (B, H, Nq, nb)
-                    terms.append(per_bucket.index_select(-1, idx))  # (B, H, Nq, K)
+            for table, reads in zip(
+                self._letter_tables("k"), self.slot_pairs(offsets), strict=True
+            ):
+                per_bucket = None if self.mode == "bias" else self._per_bucket(q, table)
+                for idx, w in reads:
+                    if per_bucket is None:
+                        term = table[:, idx][None, :, None]  # (1, H|1, 1, K)
+                    else:
+                        term = per_bucket.index_select(-1, idx)  # (B, H, Nq, K)
+                    terms.append(term if w is None else term * w.to(term.dtype))
         if "q" in self.on:
-            ids_t = self.slot_bucket_ids(-offsets)  # key minus query
-            for table, idx in zip(self._letter_tables("q"), ids_t, strict=True):
-                if self.mode == "bias":
-                    terms.append(table[:, idx][None, :, None])  # (1, H|1, 1, K)
-                else:
-                    slots = table[:, :, idx].transpose(-2, -1) * self.logit_scale()  # (H|1, K, d)
-                    terms.append((k_window * slots[None, :, None]).sum(-1))  # (B, H, Nq, K)
+            # key minus query
+            for table, reads in zip(
+                self._letter_tables("q"), self.slot_pairs(-offsets), strict=True
+            ):
+                for idx, w in reads:
+                    if self.mode == "bias":
+                        term = table[:, idx][None, :, None]  # (1, H|1, 1, K)
+                    else:
+                        slots = table[:, :, idx].transpose(-2, -1) * self.logit_scale()
+                        term = (k_window * slots[None, :, None]).sum(-1)  # (B, H, Nq, K)
+                    terms.append(term if w is None else term * w.to(term.dtype))
         if not terms:
             return None
         total = terms[0]
@@ -477,10 +597,12 @@ class ImageRPE(PositionEncoding):
         if "v" not in self.on:
             return None
         out = None
-        for table, idx in zip(self._letter_tables("v"), self.slot_bucket_ids(offsets), strict=True):
-            slots = table[:, idx]  # (H|1, K, d)
-            term = attn @ (slots[0] if slots.shape[0] == 1 else slots)  # (B, H, Nq, d)
-            out = term if out is None else out + term
+        for table, reads in zip(self._letter_tables("v"), self.slot_pairs(offsets), strict=True):
+            for idx, w in reads:
+                slots = table[:, idx]  # (H|1, K, d)
+                weights = attn if w is None else attn * w.to(attn.dtype)
+                term = weights @ (slots[0] if slots.shape[0] == 1 else slots)  # (B, H, Nq, d)
+                out = term if out is None else out + term
         return out
 
 
