@@ -17,9 +17,10 @@ import torch
 from torch import Tensor, nn
 
 from posenc_cli.encodings import ENCODINGS, build_encoding, encoding_class
-from posenc_cli.encodings.base import PositionEncoding, grid_positions
+from posenc_cli.encodings.base import PositionEncoding, grid_positions, grid_shape
 from posenc_cli.errors import UsageError
 from posenc_cli.models.attention import Attention
+from posenc_cli.models.window import slot_table
 
 
 class Subject(Protocol):
@@ -95,7 +96,15 @@ class LayerSubject:
 
     def inputs(self, size: int, batch: int, device: torch.device) -> tuple:
         x = torch.randn(batch, size, self.module.dim, device=device)
-        return x, self.module.positions(size, device)
+        positions = self.module.positions(size, device)
+        att = self.module.attention
+        if att.window is not None:
+            # built once per grid and cached: build it before the counts, or the first
+            # encoding measured would carry it alone
+            height, width, _ = grid_shape(positions)
+            pattern = (att.window, att.dilation, att.stride, att.global_tokens)
+            slot_table(height, width, *pattern, positions.device)
+        return x, positions
 
     def forward(self, inputs: tuple) -> Tensor:
         return self.module(*inputs)
