@@ -24,26 +24,25 @@ from posenc_cli.models.attention import Attention
 
 
 def test_auto_settings_are_the_stated_rules():
-    # T5: max(4, 4 (ceil_log2 L - 1)) buckets; T5's own 32 and 128 at its trained 512
-    assert [adaptive.t5_num_buckets(n) for n in (512, 64, 65, 128, 16, 4, 2, 1)] == [
-        32, 20, 24, 24, 12, 4, 4, 4,
-    ]  # fmt: skip
-    assert adaptive.t5_max_distance(512, 8) == 128 and adaptive.t5_max_distance(64, 10) == 16
-    assert adaptive.t5_max_distance(8, 3) == 4  # ceil(8 / 4) = 2 is inside the exact band
+    # T5: max(ceil(L / 4), 2 max_exact); T5's own 128 at its trained 512 with 32 buckets
+    assert adaptive.t5_max_distance(512, 8) == 128 and adaptive.t5_max_distance(512, 16) == 128
+    assert adaptive.t5_max_distance(64, 16) == 32 and adaptive.t5_max_distance(64, 5) == 16
+    assert adaptive.t5_max_distance(8, 3) == 6  # ceil(8 / 4) = 2 is inside the exact band
     assert [adaptive.shaw_max_distance(n) for n in (64, 10, 1)] == [16, 3, 1]
     assert adaptive.irpe_ratio(14, 14) == 1.75 and adaptive.irpe_ratio(16, 8) == 2.0
 
 
 def test_t5_auto_from_the_trained_length():
-    causal = build_encoding("t5", heads=2, head_dim=4, causal=True, num_buckets="auto",
-                            max_distance="auto", train_length=64)  # fmt: skip
-    assert (causal.num_buckets, causal.max_distance, causal.max_exact) == (20, 16, 10)
+    causal = build_encoding("t5", heads=2, head_dim=4, causal=True, max_distance="auto",
+                            train_length=64)  # fmt: skip
+    assert (causal.num_buckets, causal.max_exact, causal.max_distance) == (32, 16, 32)
     assert causal.rescale and not causal.toeplitz  # the range follows the query past 64
-    both = T5Bias(num_buckets="auto", max_distance="auto", train_length=64, heads=2)
-    assert (both.num_buckets, both.per_side, both.max_exact, both.max_distance) == (20, 10, 5, 16)
-    # one of the two auto: the other stays as given, max_distance past the exact band
-    mixed = T5Bias(num_buckets=32, max_distance="auto", train_length=64, causal=True, heads=2)
-    assert (mixed.max_exact, mixed.max_distance) == (16, 17)
+    both = T5Bias(max_distance="auto", train_length=64, heads=2)
+    assert (both.per_side, both.max_exact, both.max_distance) == (16, 8, 16)
+    fewer = T5Bias(num_buckets=20, max_distance="auto", train_length=64, heads=2)
+    assert (fewer.max_exact, fewer.max_distance) == (5, 16)
+    t5 = T5Bias(max_distance="auto", train_length=512, heads=2)
+    assert (t5.num_buckets, t5.max_distance) == (32, 128)  # T5's published settings
     plain = T5Bias(heads=2)
     assert not plain.rescale and plain.toeplitz
 
@@ -69,9 +68,9 @@ def test_the_backbone_facts_give_irpe_auto_its_grid():
 @pytest.mark.parametrize(
     ("build", "words"),
     [
-        (lambda: T5Bias(num_buckets="auto"), "train_length"),
+        (lambda: T5Bias(max_distance="auto"), "train_length"),
         (lambda: T5Bias(rescale=True), "rescale false"),
-        (lambda: T5Bias(num_buckets="auto", train_length=0), ">= 1"),
+        (lambda: T5Bias(max_distance="auto", train_length=0), ">= 1"),
         (lambda: T5Bias(breakpoints="moving"), "'learned'"),
         (lambda: ShawRelative(max_distance="auto"), "train_length"),
         (lambda: ImageRPE(ratio="auto"), "height"),
@@ -98,9 +97,10 @@ def test_contexts_and_stretch_by_hand():
 
 
 def test_t5_rescaled_buckets_by_hand():
-    # causal, L = 64: 20 buckets, max_exact 10, max_distance 16. The query at 127 sees 128
+    # causal 20 buckets, max_exact 10, max_distance 16, trained at 64. The query at 127 sees 128
     # positions, s = 2, so its log band ends at 32: d -> 10 + floor(10 log(d/10) / log 3.2).
-    enc = T5Bias(num_buckets="auto", max_distance="auto", train_length=64, causal=True, heads=1)
+    enc = T5Bias(num_buckets=20, max_distance=16, train_length=64, rescale=True, causal=True,
+                 heads=1)  # fmt: skip
     pos = torch.arange(128)
     ids = enc.bucket_ids(pos, pos)
     distances = [0, 9, 10, 12, 20, 31, 100]
@@ -110,9 +110,11 @@ def test_t5_rescaled_buckets_by_hand():
     assert [int(ids[63, 63 - d]) for d in distances[:-1]] == [0, 9, 10, 13, 19, 19]
     fixed = T5Bias(num_buckets=20, max_distance=16, causal=True, heads=1)
     assert torch.equal(ids[:64, :64], fixed.bucket_ids(pos[:64], pos[:64]))
-    off = T5Bias(num_buckets="auto", max_distance="auto", train_length=64, causal=True,
+    # 'auto' (here 20 = 2 max_exact) without the stretch is the plain function at that range
+    off = T5Bias(num_buckets=20, max_distance="auto", train_length=64, causal=True,
                  rescale=False, heads=1)  # fmt: skip
-    assert torch.equal(off.bucket_ids(pos, pos), fixed.bucket_ids(pos, pos))
+    plain = T5Bias(num_buckets=20, max_distance=20, causal=True, heads=1)
+    assert torch.equal(off.bucket_ids(pos, pos), plain.bucket_ids(pos, pos))
 
 
 def dense_attention(q, k, v, bias, causal, scale):
@@ -127,7 +129,7 @@ def dense_attention(q, k, v, bias, causal, scale):
 @pytest.mark.parametrize("breakpoints", ["fixed", "learned"])
 def test_t5_rescaled_score_mod_equals_the_bias(causal, breakpoints):
     torch.manual_seed(0)
-    enc = T5Bias(num_buckets="auto", max_distance="auto", train_length=16, causal=causal,
+    enc = T5Bias(num_buckets=8, max_distance="auto", train_length=16, causal=causal,
                  breakpoints=breakpoints, heads=2, head_dim=4).double()  # fmt: skip
     q, k, v = (torch.randn(1, 2, 40, 4, dtype=torch.float64) for _ in range(3))
     pos = torch.arange(40) + 3
@@ -143,7 +145,7 @@ def test_t5_rescaled_blocks_equal_the_whole_bias():
     """Past 512 keys the attention module asks the bias one block of queries at a time; the
     context of each query counts from the first key, so blocks agree with the whole."""
     torch.manual_seed(1)
-    enc = T5Bias(num_buckets="auto", max_distance="auto", train_length=64, causal=True,
+    enc = T5Bias(num_buckets=20, max_distance="auto", train_length=64, causal=True,
                  heads=2, head_dim=4)  # fmt: skip
     attn = Attention(8, 2, enc, causal=True).double()
     x = torch.randn(1, 600, 8, dtype=torch.float64)
@@ -255,7 +257,7 @@ def test_frozen_learned_breakpoints_are_the_fixed_function(causal, nb, md):
 
 def test_gradient_reaches_the_breakpoints():
     torch.manual_seed(4)
-    enc = T5Bias(num_buckets="auto", max_distance="auto", train_length=32, causal=True,
+    enc = T5Bias(num_buckets=16, max_distance="auto", train_length=32, causal=True,
                  breakpoints="learned", heads=2, head_dim=4)  # fmt: skip
     attn = Attention(8, 2, enc, causal=True)
     x = torch.randn(2, 48, 8)  # past the trained 32: the stretched range too

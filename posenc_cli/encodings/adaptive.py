@@ -6,12 +6,11 @@ hand today; let them follow the data instead, "widening the range for long text,
 for images dense with small objects". Two rules, both deterministic functions of integers:
 
 1. Settings from the trained extent (``L`` = the trained context of a text model, ``S`` =
-   ``max(height, width)`` of the trained grid); ``ceil_log2(L)`` is the smallest ``e`` with
-   ``2^e >= L``:
+   ``max(height, width)`` of the trained grid):
 
-   - T5 ``num_buckets = max(4, 4 (ceil_log2(L) - 1))`` and ``max_distance = max(ceil(L / 4),
-     max_exact + 1)``: T5's own 32 buckets and 128 at its trained 512 tokens (Raffel et al. 2020,
-     section 2.1), buckets growing with log L and the range with L;
+   - T5 ``max_distance = max(ceil(L / 4), 2 max_exact)``: a quarter of the context, T5's own
+     128 at its trained 512 tokens (Raffel et al. 2020, section 2.1), and at least a log band as
+     long as the exact one (``max_exact`` = half the buckets per side);
    - Shaw ``max_distance = ceil(L / 4)``, at least 1: the clip at the same quarter of the context;
    - iRPE ``ratio = S / 8``, so ``alpha : beta : gamma = S/8 : S/4 : S``, the official 1 : 2 : 8
      shape with the logarithmic band ending at the grid's side (on DeiT's 14 x 14 the official
@@ -48,11 +47,6 @@ def is_auto(value: Any) -> bool:
     return isinstance(value, str) and value == AUTO
 
 
-def ceil_log2(n: int) -> int:
-    """Smallest ``e`` with ``2**e >= n`` (0 for n = 1)."""
-    return (n - 1).bit_length()
-
-
 def check_extent(name: str, key: str, value: int | None, why: str, other: str) -> int:
     """``value`` as a positive int, or a UsageError naming ``key`` and two ways out."""
     if value is None:
@@ -65,14 +59,9 @@ def check_extent(name: str, key: str, value: int | None, why: str, other: str) -
     return value
 
 
-def t5_num_buckets(train_length: int) -> int:
-    """T5's ``num_buckets`` for a model trained at ``train_length`` tokens (rule 1)."""
-    return max(4, 4 * (ceil_log2(train_length) - 1))
-
-
 def t5_max_distance(train_length: int, max_exact: int) -> int:
-    """T5's ``max_distance``: a quarter of the trained context, past the exact buckets."""
-    return max(-(-train_length // 4), max_exact + 1)
+    """T5's ``max_distance``: a quarter of the trained context, at least twice ``max_exact``."""
+    return max(-(-train_length // 4), 2 * max_exact)
 
 
 def shaw_max_distance(train_length: int) -> int:
@@ -114,7 +103,6 @@ def grid_stretch(reach: tuple[int, int], trained_side: int) -> float:
 __all__ = [
     "AUTO",
     "Auto",
-    "ceil_log2",
     "check_extent",
     "contexts",
     "grid_stretch",
@@ -124,5 +112,4 @@ __all__ = [
     "stretch",
     "stretches",
     "t5_max_distance",
-    "t5_num_buckets",
 ]

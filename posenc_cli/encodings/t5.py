@@ -35,10 +35,10 @@ Conventions (DESIGN.md section 3):
 Adaptive settings (the source article's section 5, "adaptive relative position encoding";
 rules in ``encodings/adaptive.py``):
 
-- ``num_buckets: auto`` and ``max_distance: auto`` come from ``train_length`` (the trained
-  context ``L``): ``num_buckets = max(4, 4 (ceil_log2(L) - 1))``, ``max_distance = max(ceil(L/4),
-  max_exact + 1)``, which give T5's own 32 and 128 at its trained 512 tokens.
-- ``rescale`` (on by default when something is ``auto``): query i's log band ends at
+- ``max_distance: auto`` comes from ``train_length`` (the trained context ``L``):
+  ``max(ceil(L / 4), 2 max_exact)``, a quarter of the context (T5's own 128 at its trained 512
+  tokens) and at least a log band as long as the exact one. ``num_buckets`` stays a number.
+- ``rescale`` (on by default with ``max_distance: auto``): query i's log band ends at
   ``max_distance * max(1, c_i / L)``, ``c_i`` = 1 + the distance to its farthest key (the first
   key when causal), FIRE's progressive normalisation on the log band only. Inside the trained
   context nothing changes; past it the bias is no longer a function of ``j - i`` alone, so a
@@ -140,22 +140,16 @@ def log_buckets(
 
 
 def resolve(
-    num_buckets: int | Auto,
-    max_distance: int | Auto,
-    bidirectional: bool,
-    train_length: int | None,
-) -> tuple[int, int]:
-    """``(num_buckets, max_distance)`` with every ``auto`` replaced by its rule."""
-    if is_auto(num_buckets) or is_auto(max_distance):
-        length = adaptive.check_extent(
-            "t5", "train_length", train_length, "'auto'", "give numbers instead of 'auto'"
-        )
-        if is_auto(num_buckets):
-            num_buckets = adaptive.t5_num_buckets(length)
-        if is_auto(max_distance):
-            _, max_exact = split_buckets(int(num_buckets), bidirectional)
-            max_distance = adaptive.t5_max_distance(length, max_exact)
-    return int(num_buckets), int(max_distance)
+    num_buckets: int, max_distance: int | Auto, bidirectional: bool, train_length: int | None
+) -> int:
+    """``max_distance``, its ``auto`` replaced by the rule of ``encodings/adaptive.py``."""
+    if not is_auto(max_distance):
+        return int(max_distance)
+    length = adaptive.check_extent(
+        "t5", "train_length", train_length, "max_distance 'auto'", "give a number"
+    )
+    _, max_exact = split_buckets(num_buckets, bidirectional)
+    return adaptive.t5_max_distance(length, max_exact)
 
 
 class T5Bias(PositionEncoding):
@@ -168,7 +162,7 @@ class T5Bias(PositionEncoding):
     def __init__(
         self,
         *,
-        num_buckets: int | Auto = 32,
+        num_buckets: int = 32,
         max_distance: int | Auto = 128,
         bidirectional: bool | None = None,
         train_length: int | None = None,
@@ -184,11 +178,9 @@ class T5Bias(PositionEncoding):
         if breakpoints not in ("fixed", "learned"):
             raise UsageError(f"t5: breakpoints must be 'fixed' or 'learned', got {breakpoints!r}")
         self.bidirectional = (not causal) if bidirectional is None else bidirectional
-        # rule 2 of encodings/adaptive.py: on by default exactly when a setting is 'auto'
-        auto = is_auto(num_buckets) or is_auto(max_distance)
-        num_buckets, max_distance = resolve(
-            num_buckets, max_distance, self.bidirectional, train_length
-        )
+        # rule 2 of encodings/adaptive.py: on by default exactly when the range is 'auto'
+        auto = is_auto(max_distance)
+        max_distance = resolve(num_buckets, max_distance, self.bidirectional, train_length)
         self.per_side, self.max_exact = bucket_layout(num_buckets, max_distance, self.bidirectional)
         self.num_buckets = num_buckets
         self.max_distance = max_distance
