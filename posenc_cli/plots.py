@@ -75,8 +75,11 @@ def save_bucket_maps(maps: list[BucketMap], title: str, out: Path) -> Path:
                         color="white" if dark else "black",
                     )
             row, col = bucket_map.query
-            ax.add_patch(Rectangle((col - 0.5, row - 0.5), 1, 1, fill=False, lw=2.2, ec="red"))
-            ax.set_title(f"{label}\nquery patch ({row}, {col}) in red", fontsize=8)
+            if bucket_map.mark_query:
+                ax.add_patch(Rectangle((col - 0.5, row - 0.5), 1, 1, fill=False, lw=2.2, ec="red"))
+                ax.set_title(f"{label}\nquery patch ({row}, {col}) in red", fontsize=8)
+            else:
+                ax.set_title(f"{label}\nthe query is in another frame", fontsize=8)
             ax.set_xlabel("key column", fontsize=7)
             ax.set_ylabel("key row", fontsize=7)
             fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)

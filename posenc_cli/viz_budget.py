@@ -110,3 +110,18 @@ def grid_probe(
     from posenc_cli.bucket_maps import grid_buckets
 
     return grid_buckets(enc, *grids[side], (0, 0), name)
+
+
+# A clip's maps: one panel per frame; past these a figure and a table stop being readable,
+# and the pairs stay far below what memory holds (one query against every patch).
+MAX_CLIP_FRAMES, MAX_CLIP_PATCHES = 16, 65_536
+
+
+def check_clip_size(grid: str, shape: tuple[int, ...]) -> None:
+    """viz-buckets on a clip: refuse more frames or patches than can be drawn."""
+    frames, height, width = shape
+    if frames > MAX_CLIP_FRAMES or frames * height * width > MAX_CLIP_PATCHES:
+        raise UsageError(
+            f"--grid {grid}: a clip is drawn one panel per frame, up to {MAX_CLIP_FRAMES} frames "
+            f"and {MAX_CLIP_PATCHES:,} patches; give fewer frames or a smaller grid, e.g. 4x8x8"
+        )

@@ -46,7 +46,16 @@ def unnormalise(image: torch.Tensor, data: ImageData) -> torch.Tensor:
 
 
 def test_registry_names() -> None:
-    assert set(IMAGE_DATASETS) == {"digits", "mnist", "direction", "cifar10", "cifar100", "folder"}
+    assert set(IMAGE_DATASETS) == {
+        "digits",
+        "mnist",
+        "direction",
+        "motion",
+        "chirps",
+        "cifar10",
+        "cifar100",
+        "folder",
+    }
 
 
 def test_unknown_dataset_names_the_key_and_a_close_match() -> None:

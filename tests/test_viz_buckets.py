@@ -77,9 +77,28 @@ def test_2d_grid_png_and_terminal(capsys, tmp_path):
     assert ids[2][3] == 0 * 7 + 0  # query minus key (-2, -3)
 
 
+def test_a_clip_gets_one_map_per_frame_with_product_ids_worked_by_hand(capsys, tmp_path):
+    """irpe_nd on a 3 x 2 x 3 clip, query (1, 0, 1): the key (t, r, c) has the offset
+    (1 - t, -r, 1 - c), each within alpha = 1.9 so g is the identity, and product ids are the
+    digits (o + 3) in base 7."""
+    png = tmp_path / "clip.png"
+    code, out, _ = run(capsys, "viz-buckets", "irpe_nd", "--grid", "3x2x3", "--query", "1,0,1",
+                       "--format", "json", "--out", str(png))  # fmt: skip
+    maps = json.loads(out)["maps"]
+    assert code == 0 and png.stat().st_size > 0 and len(maps) == 3
+    for t, bucket_map in enumerate(maps):
+        expected = [[(1 - t + 3) * 49 + (-r + 3) * 7 + (1 - c + 3) for c in range(3)]
+                    for r in range(2)]  # fmt: skip
+        assert bucket_map["ids"] == expected and bucket_map["num_buckets"] == 7**3 + 1
+        assert bucket_map["query_in_this_map"] == (t == 1)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
+        (["viz-buckets", "irpe_nd", "axes=2", "--grid", "2x3x3"], "this one reads 2 axes"),
+        (["viz-buckets", "irpe_nd", "--grid", "2x3x3", "--query", "1,1"], "write T,ROW,COL"),
+        (["viz-buckets", "irpe_nd", "--grid", "40x3x3"], "up to 16 frames"),
         (["viz-buckets", "swin", "--grid", "0x5"], "both sides must be at least 1"),
         (["viz-buckets", "swin", "--grid", "five"], "write HEIGHTxWIDTH"),
         (["viz-buckets", "swin", "--query", "20,1"], "outside the 14x14 grid"),

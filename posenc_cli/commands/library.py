@@ -11,7 +11,12 @@ from rich.table import Table
 
 from posenc_cli.commands.common import Format, check_png, console, reject_options
 from posenc_cli.errors import UsageError
-from posenc_cli.viz_budget import check_bias_memory, check_grid_memory, check_length_memory
+from posenc_cli.viz_budget import (
+    check_bias_memory,
+    check_clip_size,
+    check_grid_memory,
+    check_length_memory,
+)
 
 if TYPE_CHECKING:
     pass
@@ -122,7 +127,9 @@ def viz_bias(
 
 
 def viz_buckets(
-    encoding: Annotated[str, typer.Argument(help="t5, shaw, deberta (1D); irpe, swin (2D).")],
+    encoding: Annotated[
+        str, typer.Argument(help="t5, shaw, deberta (1D); irpe, swin (2D); irpe_nd (N-D).")
+    ],
     params: Annotated[
         list[str] | None, typer.Argument(help="Encoding parameters as KEY=VALUE.")
     ] = None,
@@ -130,10 +137,14 @@ def viz_buckets(
         int | None, typer.Option("--length", help="1D: number of positions N (default 64).")
     ] = None,
     grid: Annotated[
-        str | None, typer.Option("--grid", help="2D: HEIGHTxWIDTH patches (default 14x14).")
+        str | None,
+        typer.Option(
+            "--grid", help="2D: HEIGHTxWIDTH patches (default 14x14); a clip: FRAMESxHxW."
+        ),
     ] = None,
     query: Annotated[
-        str | None, typer.Option("--query", help="2D: ROW,COL of the query (default: centre).")
+        str | None,
+        typer.Option("--query", help="ROW,COL of the query (a clip: T,ROW,COL; default centre)."),
     ] = None,
     all_methods: Annotated[
         bool, typer.Option("--all-methods", help="iRPE: euclidean, quant, cross, product.")
@@ -145,8 +156,10 @@ def viz_buckets(
 
     1D encodings: bucket id against relative position (key - query) and the N x N map.
     2D encodings: the bucket of every key patch for one query patch.
+    N-D encodings on a clip (--grid FRAMESxHxW): the same, one panel per frame.
 
     Example: posenc viz-buckets irpe --grid 14x14 --all-methods --out irpe.png
+    Example: posenc viz-buckets irpe_nd --grid 4x8x8 --query 1,4,4 --out clip.png
     """
     from posenc_cli import bucket_maps as bm
     from posenc_cli.encodings import build_encoding, encoding_class
@@ -154,7 +167,9 @@ def viz_buckets(
 
     check_png(out)
     user = parse_assignments(params or [])
-    two_d = encoding_class(encoding).dims == 2
+    dims = encoding_class(encoding).dims
+    two_d = dims >= 2
+    clip = dims == 3 and grid is not None and grid.count("x") == 2
     if two_d:
         reject_options(
             {"--length": length}, f"{encoding} is a 2D encoding; give its grid with --grid HxW"
@@ -169,8 +184,8 @@ def viz_buckets(
     grid = DEFAULT_GRID if grid is None else grid
     if length < 1:
         raise UsageError(f"--length must be at least 1, got {length}")
-    if all_methods and encoding != "irpe":
-        raise UsageError("--all-methods compares iRPE's methods; use it with irpe")
+    if all_methods and encoding not in ("irpe", "irpe_nd"):
+        raise UsageError("--all-methods compares iRPE's methods; use it with irpe or irpe_nd")
     if all_methods and "method" in user:
         raise UsageError("--all-methods draws every method; drop method=... or --all-methods")
     variants = (
@@ -186,7 +201,12 @@ def viz_buckets(
         for variant in variants
     ]
     as_json, png = format is Format.json, out is not None
-    if two_d:
+    if clip:
+        shape = bm.parse_grid(grid, sides=3)
+        where = bm.parse_query(query, *shape)
+        check_clip_size(grid, shape)
+        maps = [m for enc, name in built for m in bm.clip_buckets(enc, shape, where, name)]
+    elif two_d:
         height, width = bm.parse_grid(grid)
         where = bm.parse_query(query, height, width)
         check_grid_memory(encoding, built, grid, height, width, as_json, png)
@@ -211,7 +231,11 @@ def viz_buckets(
                     "num_buckets": m.count,
                     "used": m.used,
                     "ids": m.ids.tolist(),
-                    **({"query": list(m.query)} if m.query else {"relative_from": -(length - 1)}),
+                    **(
+                        {"query": list(m.query), "query_in_this_map": m.mark_query}
+                        if m.query
+                        else {"relative_from": -(length - 1)}
+                    ),
                 }
                 for m in maps
             ],
@@ -235,7 +259,9 @@ def render_buckets(m) -> Table:
             table.add_column(justify="right", width=4)
         for r in range(height):
             cells = [
-                f"[bold reverse red]{int(v):>3}[/]" if (r, c) == m.query else f"{int(v):>3}"
+                f"[bold reverse red]{int(v):>3}[/]"
+                if m.mark_query and (r, c) == m.query
+                else f"{int(v):>3}"
                 for c, v in enumerate(m.ids[r])
             ]
             table.add_row(*cells)

@@ -95,6 +95,9 @@ class PositionEncoding(nn.Module):
         self.heads = heads
         self.head_dim = head_dim
         self.causal = causal
+        # coordinates per position this instance reads: ``dims``, unless an N-D encoding was
+        # built for a number of axes (a backbone lays its positions out by it)
+        self.axes = self.dims
 
     @property
     def uses_value(self) -> bool:
@@ -188,6 +191,7 @@ class WrappedEncoding(PositionEncoding):
     def __init__(self, inner: PositionEncoding) -> None:
         super().__init__(heads=inner.heads, head_dim=inner.head_dim, causal=inner.causal)
         self.inner = inner
+        self.axes = inner.axes
 
     @property
     def uses_value(self) -> bool:

@@ -95,6 +95,7 @@ class MultiAxisRope(PositionEncoding):
         self.sections, self.layout, self.frequency_rule, self.base = (
             list(sections), layout, frequencies, base,
         )  # fmt: skip
+        self.axes = len(sections)
         self.axis_of_pair = torch.tensor(pair_axes(sections, layout))  # (d/2,)
         if frequencies == "shared":
             self.inv_freq = rope_frequencies(head_dim, base)  # (d/2,)

@@ -53,6 +53,7 @@ from posenc_cli.encodings import build_encoding, encoding_class
 from posenc_cli.encodings.base import BackboneFacts, PositionEncoding, grid_positions
 from posenc_cli.encodings.learned2d import Learned2D
 from posenc_cli.errors import UsageError
+from posenc_cli.models.clip_layout import check_layout, clip_positions
 from posenc_cli.models.vit_attention import PositionBlock, run_blocks
 from posenc_cli.params import close_match
 
@@ -81,25 +82,26 @@ ARCHS: dict[str, Arch] = {
 OVERRIDES = ("dim", "depth", "heads", "patch_size", "mlp_ratio")
 
 
-def model_given_params(name: str, arch: Arch, grid: int) -> dict[str, Any]:
+def model_given_params(name: str, arch: Arch, grid: int, frames: int = 1) -> dict[str, Any]:
     """The encoding arguments the ViT knows (width, heads, grid, class token, table length),
-    limited to those the encoding's constructor takes."""
+    limited to those the encoding's constructor takes. A 2D table covers one frame, a 1D
+    table the whole clip."""
     facts = BackboneFacts(
         dim=arch.dim,
         heads=arch.heads,
         height=grid,  # learned2d, swin: the table's grid
         width=grid,
         prefix_tokens=1,  # learned2d: the class token's row
-        length=1 + grid * grid,  # learned (1D): class token + patches
+        length=1 + frames * grid * grid,  # learned (1D): class token + patches
     )
     return facts.for_encoding(encoding_class(name), {})
 
 
 def build_encodings(
-    name: str, params: dict[str, Any], arch: Arch, grid: int
+    name: str, params: dict[str, Any], arch: Arch, grid: int, frames: int = 1
 ) -> tuple[PositionEncoding | None, list[PositionEncoding]]:
     """The shared instance (None for ``per_layer`` encodings) and the encoding of every block."""
-    given = model_given_params(name, arch, grid)
+    given = model_given_params(name, arch, grid, frames)
 
     def make() -> PositionEncoding:
         return build_encoding(name, **{**given, **params})  # the user's values win
@@ -130,16 +132,12 @@ class VisionModel(VisionTransformer):
         window_stride: int | None = None,
         window_global: int = 0,
         pool: Literal["token", "avg"] = "token",
+        frames: int = 1,
     ) -> None:
         cls = encoding_class(encoding)
         if pool not in ("token", "avg"):
             raise UsageError(
                 f"pool must be 'token' (DeiT) or 'avg' (mean of patches), got {pool!r}"
-            )
-        if window is not None and cls.dims != 2 and cls.family != "none":
-            raise UsageError(
-                f"window attention runs on the image grid; encoding {encoding!r} is 1D: "
-                "use a 2D encoding (sincos2d, learned2d, rope2d, swin, irpe) or none"
             )
         if absolute and cls.family == "absolute":
             raise UsageError(
@@ -147,10 +145,14 @@ class VisionModel(VisionTransformer):
                 f"{encoding!r} is already absolute: drop absolute=True"
             )
         grid = img_size // arch.patch_size
-        shared, per_block = build_encodings(encoding, dict(encoding_params or {}), arch, grid)
+        shared, per_block = build_encodings(
+            encoding, dict(encoding_params or {}), arch, grid, frames
+        )
+        axes = per_block[0].axes
+        check_layout(encoding, cls.family, axes, frames, window)
         table = None
-        if absolute:
-            table = Learned2D(dim=arch.dim, height=grid, width=grid, prefix_tokens=1)
+        if absolute:  # over the whole clip: it tells frames apart
+            table = Learned2D(dim=arch.dim, height=frames * grid, width=grid, prefix_tokens=1)
         own = list({id(e): e for e in [*per_block, table] if e is not None}.values())
         initial = [{k: v.detach().clone() for k, v in e.state_dict().items()} for e in own]
         super().__init__(
@@ -185,7 +187,8 @@ class VisionModel(VisionTransformer):
         self.arch = arch
         self.encoding_name = encoding
         self.patch_size = arch.patch_size
-        self.grid_attention = cls.dims == 2 or window is not None
+        self.frames = frames
+        self.axes = 2 if window is not None else axes
 
     @property
     def input_encoding(self) -> PositionEncoding:
@@ -212,11 +215,9 @@ class VisionModel(VisionTransformer):
         return {"cls_token"} | names
 
     def token_positions(self, height: int, width: int, device: torch.device) -> Tensor:
-        """Positions of the class token and the ``height x width`` patches for the attention:
-        ``(1 + h*w, 2)`` grid positions or ``(1 + h*w,)`` sequence positions."""
-        if self.grid_attention:
-            return grid_positions(height, width, prefix=1, device=device)
-        return torch.arange(1 + height * width, device=device)
+        """Positions of the class token and the ``height x width`` patches for the attention,
+        by the axes the encoding reads (see ``clip_positions``)."""
+        return clip_positions(self.axes, self.frames, height, width, device)
 
     def forward_features(self, images: Tensor) -> Tensor:  # type: ignore[override]
         """``images`` (B, C, H, W) -> normalised tokens (B, 1 + h*w, D)."""
@@ -238,10 +239,11 @@ class VisionModel(VisionTransformer):
                 f"expected images (B, {self.in_chans}, H, W), got shape {tuple(images.shape)}"
             )
         height, width = images.shape[-2:]
-        if height % self.patch_size or width % self.patch_size:
+        if height % (self.patch_size * self.frames) or width % self.patch_size:
+            clip = f" times {self.frames} frames stacked along the rows" if self.frames > 1 else ""
             raise UsageError(
                 f"image size {height}x{width} is not a multiple of the patch size "
-                f"{self.patch_size}; resize or crop the images"
+                f"{self.patch_size}{clip}; resize or crop the images"
             )
         return self.forward_head(self.forward_features(images))
 
@@ -281,6 +283,7 @@ def build_vit(
     window_global: int = 0,
     absolute: bool = False,
     pool: Literal["token", "avg"] = "token",
+    frames: int = 1,
     **overrides: Any,
 ) -> VisionModel:
     """A DeiT-style classifier of size ``arch`` (``ARCHS``) with position encoding ``encoding``.
@@ -314,6 +317,7 @@ def build_vit(
         window_stride=window_stride,
         window_global=window_global,
         pool=pool,
+        frames=frames,
     )
 
 

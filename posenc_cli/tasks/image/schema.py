@@ -61,6 +61,8 @@ class ImageDataConfig:
     interpolation: str = "bicubic"
     # validation images moved this many pixels (evaluation sets it per shift)
     shift: int = bounded(0, lambda v: v >= 0, ">= 0", most=16_384)
+    # frames per clip, stacked along the rows (motion); 1 = a plain image
+    frames: int = bounded(1, lambda v: v >= 1, ">= 1", most=1_024)
 
 
 @dataclass
@@ -91,7 +93,7 @@ class ImageEvalConfig:
 
 
 DEFAULT_ENCODING = "learned2d"
-ENCODING_DIMS = (1, 2)  # sequence encodings read the flattened grid
+ENCODING_DIMS = (1, 2, 3)  # 1D ones read the flattened grid, N-D ones (t, row, col)
 SECTIONS: dict[str, type] = {
     "model": ImageModelConfig,
     "data": ImageDataConfig,

@@ -55,6 +55,7 @@ def build_image_model(recipe: Recipe, num_classes: int, channels: int, image_siz
         window=m.window or None,
         window_dilation=m.window_dilation,
         pool=m.pool,
+        frames=recipe.data.frames,
         # DeiT's table beside a relative encoding; learned2d is that table already
         absolute=m.absolute and recipe.encoding.name != "learned2d",
         **model_overrides(m),
