@@ -116,12 +116,12 @@ def slot_table(
     global_tokens: int,
     device: torch.device,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The pattern's ``(K, 2)`` offsets, and for the non-global patch queries ``(N - G, K)``
-    their key indices and which slots count: on the grid, and not a global patch (whose pair
-    the global columns already hold). Cached: on a loaded CPU these small integer ops measured
-    a fifth of a 4,096-patch forward."""
+    """The pattern's ``(K, 2)`` offsets, and for every patch query ``(N, K)`` its key indices
+    and which slots count: on the grid, and not a global patch (whose pair the global columns
+    already hold). Cached: on a loaded CPU these small integer ops measured a fifth of a
+    4,096-patch forward."""
     offsets = slot_offsets(window, device, dilation, stride)
-    keys = slot_keys(height, width, offsets)[global_tokens:]
+    keys = slot_keys(height, width, offsets)
     return offsets, keys, (keys < height * width) & (keys >= global_tokens)
 
 
@@ -179,36 +179,36 @@ def window_attention(
     height, width, prefix = grid_shape(positions)
     check_global(global_tokens, height, width)
     n_global = prefix + global_tokens  # the first tokens: prefix, then the first patches
-    glob, rest = slice(0, n_global), slice(n_global, None)
+    glob, grid = slice(0, n_global), slice(prefix, None)
     pattern = (height, width, window, dilation, stride, global_tokens, q.device)
     offsets, keys, valid = slot_table(*pattern)
     neg = torch.finfo(q.dtype).min
 
-    def slots_of(x: Tensor) -> Tensor:  # (B, H, h*w, d) -> (B, H, N - G, K, d)
-        if stride is None:
-            return gather_windows(x, height, width, window, dilation)[:, :, global_tokens:]
-        return gather_slots(x, keys)
-
-    q_rest = q[:, :, rest]  # (B, H, N - G, d)
-    k_win, v_win = slots_of(k[:, :, prefix:]), slots_of(v[:, :, prefix:])
-    logits = torch.einsum("bhnd,bhnkd->bhnk", q_rest, k_win) * scale  # (B, H, N - G, K)
-    logits = _plus(logits, encoding.window_bias(q_rest, k_win, offsets))
+    # every patch query, the global patches too: their rows are dropped at the end, which costs
+    # G rows where slicing the gathered keys would copy all of them
+    q_grid = q[:, :, grid]  # (B, H, N, d)
+    if stride is None:  # a square of slots: unfold
+        k_win = gather_windows(k[:, :, grid], height, width, window, dilation)  # (B, H, N, K, d)
+        v_win = gather_windows(v[:, :, grid], height, width, window, dilation)
+    else:
+        k_win, v_win = gather_slots(k[:, :, grid], keys), gather_slots(v[:, :, grid], keys)
+    logits = torch.einsum("bhnd,bhnkd->bhnk", q_grid, k_win) * scale  # (B, H, N, K)
+    logits = _plus(logits, encoding.window_bias(q_grid, k_win, offsets))
     logits = logits.masked_fill(~valid, neg)
     if n_global:
-        k_glob, pos_glob, pos_rest = k[:, :, glob], positions[glob], positions[rest]
-        to_glob = q_rest @ k_glob.transpose(-2, -1) * scale  # (B, H, N - G, P + G)
-        to_glob = _plus(to_glob, encoding.bias(q_rest, k_glob, pos_rest, pos_glob))
-        logits = torch.cat([to_glob, logits], dim=-1)  # (B, H, N - G, P + G + K)
+        k_glob, pos_glob, pos_grid = k[:, :, glob], positions[glob], positions[grid]
+        to_glob = q_grid @ k_glob.transpose(-2, -1) * scale  # (B, H, N, P + G)
+        to_glob = _plus(to_glob, encoding.bias(q_grid, k_glob, pos_grid, pos_glob))
+        logits = torch.cat([to_glob, logits], dim=-1)  # (B, H, N, P + G + K)
     attn = logits.softmax(dim=-1)
     attn_glob, attn_win = attn[..., :n_global], attn[..., n_global:]
     out = torch.einsum("bhnk,bhnkd->bhnd", attn_win, v_win)
     out = _plus(out, encoding.window_value(attn_win, offsets))
     if n_global:
         out = out + attn_glob @ v[:, :, glob]
-        out = _plus(out, encoding.value(attn_glob, positions[rest], positions[glob]))
-        out = torch.cat(
-            [global_attention(q[:, :, glob], k, v, encoding, positions, scale), out], dim=2
-        )
+        out = _plus(out, encoding.value(attn_glob, positions[grid], positions[glob]))
+        globals_out = global_attention(q[:, :, glob], k, v, encoding, positions, scale)
+        out = torch.cat([globals_out, out[:, :, global_tokens:]], dim=2)
     return out
 
 
