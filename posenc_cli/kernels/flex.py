@@ -22,9 +22,6 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
-from posenc_cli.encodings.base import grid_shape
-from posenc_cli.models.window import check_global, check_pattern
-
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
@@ -69,10 +66,9 @@ def window_mask(
     neighbourhood, its slots ``dilation`` patches apart; with ``stride`` also the ``window x
     window`` lattice of slots ``stride`` apart; the prefix tokens and the first
     ``global_tokens`` patches see and are seen by all."""
-    check_pattern(window, dilation, stride, global_tokens)
-    height, width, prefix = grid_shape(k_pos)
-    check_global(global_tokens, height, width)
-    n_global = prefix + global_tokens  # the first tokens in grid_positions' order
+    # the first tokens in grid_positions' order: the prefix (at row -1), then the first patches;
+    # the options were checked by the attention module
+    n_global = int((k_pos[:, 0] < 0).sum()) + global_tokens
     reach = (window // 2) * dilation
     far = (window // 2) * (stride or 1)
 

@@ -31,13 +31,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc_cli.encodings.absolute import NoPosition
-from posenc_cli.encodings.base import PositionEncoding
+from posenc_cli.encodings.base import PositionEncoding, grid_shape
 from posenc_cli.errors import UsageError
 from posenc_cli.kernels import blocked_bias, flex
 from posenc_cli.kernels.biased_sdpa import EXPLICIT_MAX_PAIRS, biased_attention
 from posenc_cli.kernels.positions import dense as dense_positions
 from posenc_cli.models import flex_path, linear_form
-from posenc_cli.models.window import check_pattern, window_attention
+from posenc_cli.models.window import check_global, check_pattern, window_attention
 
 
 def attention_mask(
@@ -204,6 +204,7 @@ class Attention(nn.Module):
         ) else None  # fmt: skip
         mask = None
         if self.window is not None:
+            check_global(self.global_tokens, *grid_shape(k_pos)[:2])
             mask = flex.window_mask(
                 k_pos, self.window, self.dilation, self.stride, self.global_tokens
             )
