@@ -30,6 +30,7 @@ SHIPPED = [
     "detection/shapes-dense",
     "detection/shapes-irpe",
     "image/base",
+    "image/captions",
     "image/chirps",
     "image/deit-direction",
     "image/deit-mnist",

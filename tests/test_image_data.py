@@ -52,6 +52,7 @@ def test_registry_names() -> None:
         "direction",
         "motion",
         "chirps",
+        "captions",
         "cifar10",
         "cifar100",
         "folder",

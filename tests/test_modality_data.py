@@ -131,3 +131,108 @@ def test_a_clip_whose_rows_do_not_split_into_frames_is_a_usage_error():
     model = build_vit("vit_nano", encoding="irpe_nd", num_classes=4, img_size=16, frames=4)
     with pytest.raises(UsageError, match="4 frames stacked along the rows"):
         model(torch.randn(1, 3, 40, 16))
+
+
+# --- captions: text and an image in one sequence -------------------------------------------
+
+
+def relation_of(a: tuple[float, float], b: tuple[float, float]) -> str:
+    """Where centre ``a`` lies from ``b`` (rows grow downwards), by the dominant axis."""
+    d_row, d_col = a[0] - b[0], a[1] - b[1]
+    if abs(d_col) > abs(d_row):
+        return "left-of" if d_col < 0 else "right-of"
+    return "above" if d_row < 0 else "below"
+
+
+def is_true(caption: list[str], scene) -> bool:
+    centre = {"square": scene.square_centre, "cross": scene.cross_centre}
+    subject, relation, obj = caption
+    return relation_of(centre[subject], centre[obj]) == relation
+
+
+def test_a_caption_is_true_exactly_when_its_label_says_so():
+    """The truth is recomputed from the scene's two centres, not from the set's word tables."""
+    from posenc_cli.data.images.captions import CAPTIONS, WORDS, CaptionedScenes
+    from posenc_cli.data.images.direction import make_scene
+
+    scenes = CaptionedScenes(40, 32, seed=2, split="train")
+    for i in range(len(scenes)):
+        (image, words), label = scenes[i]
+        rng = scenes.rng(i)
+        scene = make_scene(rng, scenes.geometry, int(rng.integers(4)))  # the set's first draws
+        assert image.shape == (3, 32, 32) and label == i % 2
+        assert is_true([WORDS[w] for w in words.tolist()], scene) == (label == 1)
+        assert sum(is_true(list(c), scene) for c in CAPTIONS) == 2  # one per word order
+
+
+def test_caption_positions_follow_mrope_rule_and_2d_encodings_see_prefix_tokens():
+    """Two words before a 2 x 2 image: the words at (0, 0, 0) and (1, 1, 1), the image starting
+    at 2 on every axis; for 2D encodings the words sit with the class token at (-1, -1)."""
+    assert clip_positions(3, 1, 2, 2, words=2).tolist() == [
+        [-1, -1, -1], [0, 0, 0], [1, 1, 1], [2, 2, 2], [2, 2, 3], [2, 3, 2], [2, 3, 3]
+    ]  # fmt: skip
+    assert clip_positions(2, 1, 2, 2, words=2).tolist() == [[-1, -1]] * 3 + [
+        [0, 0], [0, 1], [1, 0], [1, 1]
+    ]  # fmt: skip
+    assert clip_positions(1, 1, 2, 2, words=2).tolist() == list(range(7))
+
+
+@pytest.mark.parametrize(
+    "encoding", ["irpe_nd", "mrope", "irpe", "rope2d", "t5", "learned", "learned2d"]
+)
+def test_a_captioned_vit_reads_the_words(encoding):
+    torch.manual_seed(0)
+    model = build_vit("vit_nano", encoding=encoding, num_classes=2, img_size=16,
+                      caption_vocab=6, caption_words=3, pool="avg").eval()  # fmt: skip
+    for p in model.encoding_tensors().values():  # iRPE's zero tables would hide the order
+        torch.nn.init.normal_(p, std=0.5)
+    images, words = torch.randn(2, 3, 16, 16), torch.tensor([[0, 2, 1], [0, 2, 1]])
+    other = torch.tensor([[1, 2, 0], [1, 2, 0]])  # the same words in the other order
+    assert model(images, words).shape == (2, 2)
+    # iRPE's shared prefix bucket and RoPE-2D's unrotated prefix see the words as a bag;
+    # DeiT's table (learned2d) keeps a row per prefix token, so it orders them
+    unordered = encoding in ("irpe", "rope2d")
+    assert torch.allclose(model(images, words), model(images, other)) == unordered
+
+
+@pytest.mark.parametrize("call,word", [
+    (lambda m: m(torch.randn(1, 3, 16, 16)), "reads captions"),
+    (lambda m: m(torch.randn(1, 3, 16, 16), torch.zeros(1, 2, dtype=torch.long)), "(1, 3)"),
+])  # fmt: skip
+def test_captions_missing_or_misshapen_are_usage_errors(call, word):
+    model = build_vit("vit_nano", encoding="t5", num_classes=2, img_size=16, caption_vocab=6,
+                      caption_words=3)  # fmt: skip
+    with pytest.raises(UsageError, match=word):
+        call(model)
+
+
+def test_window_attention_with_captions_is_a_usage_error():
+    with pytest.raises(UsageError, match="no slot for caption words"):
+        build_vit("vit_nano", encoding="irpe", num_classes=2, img_size=16, window=3,
+                  caption_vocab=6, caption_words=3)  # fmt: skip
+
+
+def test_a_captions_recipe_trains_evaluates_and_refuses_mixup(capsys, tmp_path):
+    import json
+
+    import yaml
+
+    from tests.helpers import run
+
+    tree = {
+        "kind": "image", "encoding": {"name": "irpe_nd"},
+        "model": {"arch": "vit_nano", "dim": 16, "depth": 1, "heads": 2, "pool": "avg"},
+        "data": {"dataset": "captions", "image_size": 16, "train_size": 32, "val_size": 16},
+        "train": {"epochs": 1, "batch_size": 16, "warmup_epochs": 0, "device": "cpu"},
+        "eval": {"sizes": [16, 24], "shifts": [0]},
+    }  # fmt: skip
+    path = tmp_path / "captions.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    code, _, err = run(capsys, "train", str(path), "--out", str(tmp_path / "run"))
+    assert code == 0, err
+    evaluated = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert set(evaluated["lengths"]) == {"16", "24"}
+    tree["train"]["mixup"] = 0.8
+    path.write_text(yaml.safe_dump(tree))
+    code, _, err = run(capsys, "train", str(path), "--out", str(tmp_path / "mixed"))
+    assert code == 2 and "a caption belongs to one" in err

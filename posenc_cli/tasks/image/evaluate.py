@@ -33,7 +33,13 @@ def load_image_run(run_dir: Path, overrides: list[str] = ()) -> tuple[Recipe, An
 
     recipe = load_recipe(recipe_file(run_dir), list(overrides))
     data = build_image_data(recipe.data)
-    model = build_image_model(recipe, data.num_classes, data.channels, data.image_size)
+    model = build_image_model(
+        recipe,
+        data.num_classes,
+        data.channels,
+        data.image_size,
+        (data.caption_vocab, data.caption_words),
+    )
     load_run_weights(run_dir, model, ema=True)
     return recipe, model, data
 

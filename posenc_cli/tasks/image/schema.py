@@ -177,6 +177,12 @@ def validate(recipe: Any, error: Error) -> None:
             f"unknown data set {data.dataset!r}{close_match(data.dataset, IMAGE_DATASETS)}; "
             f"valid: {', '.join(IMAGE_DATASETS)}",
         )
+    if data.dataset == "captions" and (recipe.train.mixup or recipe.train.cutmix):
+        raise error(
+            "train.mixup",
+            "Mixup and CutMix blend two images, and a caption belongs to one; set train.mixup "
+            "and train.cutmix to 0 for captions",
+        )
     # data.root is checked when the data is read: a recipe for files elsewhere (ImageNet on a
     # GPU machine) still loads here, for --dry-run and posenc profile
 

@@ -34,7 +34,15 @@ from posenc_cli.runs.epochs import epoch_loader, optimize, resume_from
 from posenc_cli.tasks.image.schema import model_overrides
 
 
-def build_image_model(recipe: Recipe, num_classes: int, channels: int, image_size: int):
+def build_image_model(
+    recipe: Recipe,
+    num_classes: int,
+    channels: int,
+    image_size: int,
+    caption: tuple[int, int] = (0, 0),
+):
+    """The recipe's ViT for this data: its classes, channels, side, and the (vocabulary, words)
+    of its captions ((0, 0) for images alone)."""
     from posenc_cli.models.vit import build_vit
 
     m = recipe.model
@@ -56,10 +64,19 @@ def build_image_model(recipe: Recipe, num_classes: int, channels: int, image_siz
         window_dilation=m.window_dilation,
         pool=m.pool,
         frames=recipe.data.frames,
+        caption_vocab=caption[0],
+        caption_words=caption[1],
         # DeiT's table beside a relative encoding; learned2d is that table already
         absolute=m.absolute and recipe.encoding.name != "learned2d",
         **model_overrides(m),
     )
+
+
+def model_inputs(batch, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """What the model is called with: the images, or the images and their captions' word ids
+    (a captioned set's items are ``((image, words), label)``)."""
+    parts = batch if isinstance(batch, (list, tuple)) else (batch,)
+    return tuple(part.to(device) for part in parts)
 
 
 @torch.no_grad()
@@ -68,10 +85,10 @@ def evaluate_images(model, loader: DataLoader, device: torch.device) -> dict[str
     model.eval()
     correct1 = correct5 = seen = 0
     loss = 0.0
-    for images, labels in loader:
-        images, labels = images.to(device), labels.to(device)
+    for inputs, labels in loader:
+        labels = labels.to(device)
         with autocast(device):
-            logits = model(images).float()
+            logits = model(*model_inputs(inputs, device)).float()
         loss += float(F.cross_entropy(logits, labels, reduction="sum"))
         top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices  # (B, 5)
         correct1 += int((top[:, 0] == labels).sum())
@@ -124,7 +141,13 @@ def train_image(
         write_recipe(out, recipe)
     data = build_image_data(recipe.data)
     torch.manual_seed(recipe.seed)
-    model = build_image_model(recipe, data.num_classes, data.channels, data.image_size).to(device)
+    model = build_image_model(
+        recipe,
+        data.num_classes,
+        data.channels,
+        data.image_size,
+        (data.caption_vocab, data.caption_words),
+    ).to(device)
     optimizer = create_optimizer_v2(model, opt="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
     # train.batch_size is the global batch; each of the world's processes takes its share
     batch = min(cfg.batch_size, len(data.train))
@@ -183,11 +206,12 @@ def train_image(
         )
 
     def train_step(step: int, epoch: int, pair) -> tuple[float, int]:
-        images, labels = pair[0].to(device), pair[1].to(device)
-        if mixup is not None:
-            images, labels = mixup(images, labels)
+        inputs, labels = model_inputs(pair[0], device), pair[1].to(device)
+        if mixup is not None:  # images alone: a captioned set refuses Mixup and CutMix
+            images, labels = mixup(inputs[0], labels)
+            inputs = (images,)
         with autocast(device):
-            loss = criterion(trainable(images).float(), labels)
+            loss = criterion(trainable(*inputs).float(), labels)
 
         def stopped() -> str:
             return (
@@ -199,7 +223,7 @@ def train_image(
         scheduler.step_update(step + 1)
         if ema is not None:
             ema.update(model, step=step)
-        return value, len(images)
+        return value, len(labels)
 
     def score() -> tuple[dict[str, float], float]:
         val = evaluate_images(scored, val_loader, device)
