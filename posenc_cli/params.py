@@ -38,8 +38,13 @@ def signature_params(fn: Any) -> dict[str, tuple[Any, Any]]:
 
 
 def type_name(annotation: Any) -> str:
-    if typing.get_origin(annotation) is Literal:
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
         return " | ".join(repr(a) for a in typing.get_args(annotation))
+    if origin is typing.Union:  # int | Literal['auto'] is a typing.Union, named member by member
+        return " | ".join(type_name(a) for a in typing.get_args(annotation))
+    if annotation is type(None):
+        return "None"
     return getattr(annotation, "__name__", str(annotation)).replace("typing.", "")
 
 

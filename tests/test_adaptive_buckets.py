@@ -47,6 +47,19 @@ def test_t5_auto_from_the_trained_length():
     assert not plain.rescale and plain.toeplitz
 
 
+def test_t5_auto_bucket_count_by_hand():
+    """max_exact = ceil(log2 L) - 1 per side, as many log buckets: 512 tokens -> 8 -> 32
+    bidirectional (T5's), 16 causal; 64 -> 5 -> 20 and 10; 100 -> ceil(6.64) - 1 = 6 -> 24."""
+    assert [adaptive.t5_num_buckets(n, True) for n in (512, 64, 100, 2)] == [32, 20, 24, 4]
+    assert [adaptive.t5_num_buckets(n, False) for n in (512, 64)] == [16, 10]
+    both = T5Bias(num_buckets="auto", max_distance="auto", train_length=512, heads=2)
+    assert (both.num_buckets, both.max_exact, both.max_distance) == (32, 8, 128) and both.rescale
+    causal = T5Bias(num_buckets="auto", train_length=64, causal=True, heads=2)
+    assert (causal.num_buckets, causal.max_exact, causal.max_distance) == (10, 5, 128)
+    with pytest.raises(UsageError, match="num_buckets 'auto' needs train_length"):
+        T5Bias(num_buckets="auto", heads=2)
+
+
 def test_shaw_and_irpe_auto():
     shaw = build_encoding("shaw", heads=2, head_dim=4, max_distance="auto", train_length=64)
     assert shaw.max_distance == 16 and shaw.num_buckets == 33 and shaw.rescale

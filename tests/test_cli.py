@@ -29,7 +29,7 @@ def test_list_json_describes_every_encoding(capsys):
     assert rows["learned"]["extrapolates"] is False
     assert rows["shaw"]["fused"] is False  # its value term needs the attention weights
     assert rows["alibi"]["fused"] is True
-    assert rows["t5"]["params"]["num_buckets"] == {"type": "int", "default": 32}
+    assert rows["t5"]["params"]["num_buckets"] == {"type": "int | 'auto'", "default": 32}
 
 
 def test_list_table(capsys):

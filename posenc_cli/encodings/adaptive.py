@@ -8,6 +8,9 @@ for images dense with small objects". Two rules, both deterministic functions of
 1. Settings from the trained extent (``L`` = the trained context of a text model, ``S`` =
    ``max(height, width)`` of the trained grid):
 
+   - T5 ``num_buckets``: ``max_exact = ceil(log2 L) - 1`` exact distances per side (one per
+     doubling of the context, less one) and as many log-spaced ones, so ``4 max_exact``
+     buckets bidirectional and ``2 max_exact`` causal: T5's own 32 at its 512 tokens;
    - T5 ``max_distance = max(ceil(L / 4), 2 max_exact)``: a quarter of the context, T5's own
      128 at its trained 512 tokens (Raffel et al. 2020, section 2.1), and at least a log band as
      long as the exact one (``max_exact`` = half the buckets per side);
@@ -32,6 +35,7 @@ for images dense with small objects". Two rules, both deterministic functions of
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import torch
@@ -57,6 +61,13 @@ def check_extent(name: str, key: str, value: int | None, why: str, other: str) -
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UsageError(f"{name}: {key} must be an integer >= 1, got {value!r}")
     return value
+
+
+def t5_num_buckets(train_length: int, bidirectional: bool) -> int:
+    """T5's bucket count: ``max_exact = ceil(log2 L) - 1`` (at least 1) exact buckets per side
+    and as many log-spaced ones; both sides when bidirectional."""
+    max_exact = max(1, math.ceil(math.log2(max(train_length, 2))) - 1)
+    return 2 * max_exact * (2 if bidirectional else 1)
 
 
 def t5_max_distance(train_length: int, max_exact: int) -> int:
@@ -112,4 +123,5 @@ __all__ = [
     "stretch",
     "stretches",
     "t5_max_distance",
+    "t5_num_buckets",
 ]

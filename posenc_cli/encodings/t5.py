@@ -37,7 +37,9 @@ rules in ``encodings/adaptive.py``):
 
 - ``max_distance: auto`` comes from ``train_length`` (the trained context ``L``):
   ``max(ceil(L / 4), 2 max_exact)``, a quarter of the context (T5's own 128 at its trained 512
-  tokens) and at least a log band as long as the exact one. ``num_buckets`` stays a number.
+  tokens) and at least a log band as long as the exact one. ``num_buckets: auto`` gives
+  ``max_exact = ceil(log2 L) - 1`` exact buckets per side and as many log-spaced ones (32
+  bidirectional at 512 tokens, T5's own).
 - ``rescale`` (on by default with ``max_distance: auto``): query i's log band ends at
   ``max_distance * max(1, c_i / L)``, ``c_i`` = 1 + the distance to its farthest key (the first
   key when causal), FIRE's progressive normalisation on the log band only. Inside the trained
@@ -140,16 +142,23 @@ def log_buckets(
 
 
 def resolve(
-    num_buckets: int, max_distance: int | Auto, bidirectional: bool, train_length: int | None
-) -> int:
-    """``max_distance``, its ``auto`` replaced by the rule of ``encodings/adaptive.py``."""
+    num_buckets: int | Auto, max_distance: int | Auto, bidirectional: bool,
+    train_length: int | None,
+) -> tuple[int, int]:  # fmt: skip
+    """``(num_buckets, max_distance)``, each ``auto`` replaced by the rules of
+    ``encodings/adaptive.py``."""
+    if is_auto(num_buckets):
+        length = adaptive.check_extent(
+            "t5", "train_length", train_length, "num_buckets 'auto'", "give a number"
+        )
+        num_buckets = adaptive.t5_num_buckets(length, bidirectional)
     if not is_auto(max_distance):
-        return int(max_distance)
+        return int(num_buckets), int(max_distance)
     length = adaptive.check_extent(
         "t5", "train_length", train_length, "max_distance 'auto'", "give a number"
     )
-    _, max_exact = split_buckets(num_buckets, bidirectional)
-    return adaptive.t5_max_distance(length, max_exact)
+    _, max_exact = split_buckets(int(num_buckets), bidirectional)
+    return int(num_buckets), adaptive.t5_max_distance(length, max_exact)
 
 
 class T5Bias(PositionEncoding):
@@ -162,7 +171,7 @@ class T5Bias(PositionEncoding):
     def __init__(
         self,
         *,
-        num_buckets: int = 32,
+        num_buckets: int | Auto = 32,
         max_distance: int | Auto = 128,
         bidirectional: bool | None = None,
         train_length: int | None = None,
@@ -179,8 +188,10 @@ class T5Bias(PositionEncoding):
             raise UsageError(f"t5: breakpoints must be 'fixed' or 'learned', got {breakpoints!r}")
         self.bidirectional = (not causal) if bidirectional is None else bidirectional
         # rule 2 of encodings/adaptive.py: on by default exactly when the range is 'auto'
-        auto = is_auto(max_distance)
-        max_distance = resolve(num_buckets, max_distance, self.bidirectional, train_length)
+        auto = is_auto(max_distance) or is_auto(num_buckets)
+        num_buckets, max_distance = resolve(
+            num_buckets, max_distance, self.bidirectional, train_length
+        )
         self.per_side, self.max_exact = bucket_layout(num_buckets, max_distance, self.bidirectional)
         self.num_buckets = num_buckets
         self.max_distance = max_distance
