@@ -287,26 +287,30 @@ class ImageRPE(PositionEncoding):
         # one bucket count per scale, the prefix bucket included (its id is count - 1)
         self.counts = [num_buckets(method, beta, prefix_tokens=1) for _, beta, _ in self.scales]
         self.maps = ("rows", "cols") if method == "cross" else ("",)
-        self.tables = nn.ParameterDict()
-        table_heads = 1 if shared_head else heads
-        for letter in "qkv":
-            if letter not in on:
-                continue
-            for s, count in enumerate(self.counts):
-                for m in self.maps:
-                    if mode == "bias":
-                        shape: tuple[int, ...] = (table_heads, count)
-                    elif letter == "v":
-                        shape = (table_heads, count, head_dim)
-                    else:
-                        shape = (table_heads, head_dim, count)
-                    self.tables[self.table_name(letter, s, m)] = nn.Parameter(torch.zeros(shape))
+        self.tables = self.zero_tables()
         if breakpoints == "learned":  # log multipliers of every scale's alpha and gamma
             self.log_alpha = nn.Parameter(torch.zeros(len(self.scales)))
             self.log_gamma = nn.Parameter(torch.zeros(len(self.scales)))
         self._offset_tables: dict[tuple, tuple[Tensor, ...]] = {}
         self._pair_cache: dict[tuple, tuple[Tensor, Tensor, list[Tensor]]] = {}
         self._slot_cache: dict[tuple, tuple[Tensor, list[Tensor]]] = {}
+
+    def zero_tables(self) -> nn.ParameterDict:
+        """A zero table per (letter in ``on``, scale, map), sized by ``counts``, in the official
+        layouts: bias ``(H|1, nb)``, contextual q/k ``(H|1, d, nb)``, v ``(H|1, nb, d)``."""
+        tables = nn.ParameterDict()
+        table_heads = 1 if self.shared_head else self.heads
+        for letter in (c for c in "qkv" if c in self.on):
+            for s, count in enumerate(self.counts):
+                for m in self.maps:
+                    if self.mode == "bias":
+                        shape: tuple[int, ...] = (table_heads, count)
+                    elif letter == "v":
+                        shape = (table_heads, count, self.head_dim)
+                    else:
+                        shape = (table_heads, self.head_dim, count)
+                    tables[self.table_name(letter, s, m)] = nn.Parameter(torch.zeros(shape))
+        return tables
 
     def table_name(self, letter: str, scale: int, map_name: str) -> str:
         """``k``, ``k_rows`` (cross), ``k_1`` (second scale), ``k_rows_1`` ..."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from posenc_cli.encodings.irpe import ImageRPE, Method, Mode, On
 from posenc_cli.encodings.irpe_index import DEFAULT_RATIO, piecewise_index
@@ -127,23 +127,13 @@ class RelativeND(ImageRPE):
             beta=beta, gamma=gamma, ratios=ratios, heads=heads, head_dim=head_dim, causal=causal,
         )  # fmt: skip
         self.axes = axes
-        # irpe's tables are sized for two axes; product and cross change with the axis count
+        # irpe's tables are sized for two axes; product and cross change with the axis count,
+        # so the tables are made again
         self.sides = [2 * int(beta) + 1 for _, beta, _ in self.scales]
         per_table = [s**axes if method == "product" else s for s in self.sides]
         self.counts = [c + 1 for c in per_table]  # + the prefix bucket, id count - 1
         self.maps = tuple(f"axis{a}" for a in range(axes)) if method == "cross" else ("",)
-        self.tables = nn.ParameterDict()
-        table_heads = 1 if shared_head else heads
-        for letter in (c for c in "qkv" if c in on):
-            for s, count in enumerate(self.counts):
-                for m in self.maps:
-                    if mode == "bias":
-                        shape: tuple[int, ...] = (table_heads, count)
-                    elif letter == "v":
-                        shape = (table_heads, count, head_dim)
-                    else:
-                        shape = (table_heads, head_dim, count)
-                    self.tables[self.table_name(letter, s, m)] = nn.Parameter(torch.zeros(shape))
+        self.tables = self.zero_tables()
 
     def extra_repr(self) -> str:
         return f"axes={self.axes}, " + super().extra_repr()
