@@ -49,13 +49,12 @@ from typing import Literal
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset
 
+from posenc_cli.data.images.procedural import ProceduralImages
 from posenc_cli.errors import UsageError
 
 CLASSES = ["left", "right", "above", "below"]
 LEFT, RIGHT, ABOVE, BELOW = range(4)
-SPLITS = {"train": 0, "val": 1}
 MIN_SIZE = 16  # below this the two shapes and the gap no longer fit the content region
 CANDIDATES = 64  # placements proposed per round of rejection sampling
 NOISE_STD = 0.04
@@ -194,10 +193,11 @@ def render(scene: Scene, image_size: int, rng: np.random.Generator) -> Tensor:
     return torch.from_numpy(image)
 
 
-class DirectionScenes(Dataset):
+class DirectionScenes(ProceduralImages):
     """``count`` scenes of one split, each made on access from (seed, split, index)."""
 
     classes = CLASSES
+    name = "direction"
 
     def __init__(
         self,
@@ -207,34 +207,13 @@ class DirectionScenes(Dataset):
         split: Literal["train", "val"],
         transform: Callable[[Tensor], Tensor] | None = None,
     ) -> None:
-        if seed < 0:
-            raise UsageError(f"data.seed: direction needs a seed >= 0, got {seed}")
-        self.count = count
+        super().__init__(count, seed, split, transform)
         self.geometry = geometry(image_size)
-        self.seed = seed
-        self.split = split
-        self.transform = transform
-
-    def __len__(self) -> int:
-        return self.count
-
-    def _rng(self, index: int) -> np.random.Generator:
-        if not 0 <= index < self.count:
-            raise IndexError(f"scene {index} out of range for {self.count} scenes")
-        return np.random.default_rng(np.random.SeedSequence([self.seed, SPLITS[self.split], index]))
 
     def scene(self, index: int) -> Scene:
         """What item ``index`` shows (positions, sizes, colours, label), without the pixels."""
-        return make_scene(self._rng(index), self.geometry, index % len(CLASSES))
+        return make_scene(self.rng(index), self.geometry, index % len(CLASSES))
 
-    def image(self, index: int) -> Tensor:
-        """Item ``index`` as (3, S, S) in [0, 1], before any transform."""
-        rng = self._rng(index)
-        scene = make_scene(rng, self.geometry, index % len(CLASSES))
-        return render(scene, self.geometry.image_size, rng)
-
-    def __getitem__(self, index: int) -> tuple[Tensor, int]:
-        image = self.image(index)
-        if self.transform is not None:
-            image = self.transform(image)
-        return image, index % len(CLASSES)
+    def draw(self, rng: np.random.Generator, label: int) -> Tensor:
+        """A scene of class ``label`` as (3, S, S) in [0, 1]."""
+        return render(make_scene(rng, self.geometry, label), self.geometry.image_size, rng)

@@ -20,7 +20,7 @@ from posenc_cli.errors import UsageError
 from posenc_cli.runs.checkpoint import load_run_weights
 from posenc_cli.runs.device import pick_device
 from posenc_cli.runs.evaluation import Evaluated, curve_picture, recipe_file, save_evaluation
-from posenc_cli.tasks.image.train import build_image_model, evaluate_images
+from posenc_cli.tasks.image.train import evaluate_images, image_model_for
 
 
 def point_name(size: int, shift: int) -> str:
@@ -33,13 +33,7 @@ def load_image_run(run_dir: Path, overrides: list[str] = ()) -> tuple[Recipe, An
 
     recipe = load_recipe(recipe_file(run_dir), list(overrides))
     data = build_image_data(recipe.data)
-    model = build_image_model(
-        recipe,
-        data.num_classes,
-        data.channels,
-        data.image_size,
-        (data.caption_vocab, data.caption_words),
-    )
+    model = image_model_for(recipe, data)
     load_run_weights(run_dir, model, ema=True)
     return recipe, model, data
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +32,9 @@ from posenc_cli.runs.directory import last_metrics, prepare_directory, write_rec
 from posenc_cli.runs.epoch_loop import EpochTask, run_epochs
 from posenc_cli.runs.epochs import epoch_loader, optimize, resume_from
 from posenc_cli.tasks.image.schema import model_overrides
+
+if TYPE_CHECKING:
+    from posenc_cli.data.images import ImageData
 
 
 def build_image_model(
@@ -70,6 +73,12 @@ def build_image_model(
         absolute=m.absolute and recipe.encoding.name != "learned2d",
         **model_overrides(m),
     )
+
+
+def image_model_for(recipe: Recipe, data: ImageData):
+    """The recipe's ViT for the data set ``data`` (its classes, channels, side and captions)."""
+    caption = (data.caption_vocab, data.caption_words)
+    return build_image_model(recipe, data.num_classes, data.channels, data.image_size, caption)
 
 
 def model_inputs(batch, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -141,13 +150,7 @@ def train_image(
         write_recipe(out, recipe)
     data = build_image_data(recipe.data)
     torch.manual_seed(recipe.seed)
-    model = build_image_model(
-        recipe,
-        data.num_classes,
-        data.channels,
-        data.image_size,
-        (data.caption_vocab, data.caption_words),
-    ).to(device)
+    model = image_model_for(recipe, data).to(device)
     optimizer = create_optimizer_v2(model, opt="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
     # train.batch_size is the global batch; each of the world's processes takes its share
     batch = min(cfg.batch_size, len(data.train))
