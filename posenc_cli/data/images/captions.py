@@ -1,20 +1,21 @@
-"""Captions: a procedural text + image task, a short caption and a direction scene; the label
-says whether the caption is true.
+"""Captions: a procedural text + image task, a one-word caption and a direction scene; the
+label says whether the caption is true.
 
 The scene is the direction task's (``direction.py``): a square and a plus-shaped cross, the
 relation of the cross to the square drawn uniformly from left, right, above and below, before the
-label and independently of it. The caption is three words, ``SUBJECT RELATION OBJECT`` over the
-vocabulary ``WORDS``: ``cross left-of square`` and ``square right-of cross`` say the same thing.
-For every scene exactly two of the eight captions are true; a ``true`` item (label 1) takes one of
-them, a ``false`` item (label 0) one of the other six, uniformly.
+label and independently of it. The caption is one word of ``WORDS``, the same four: a ``true``
+item (label 1) names the scene's relation, a ``false`` one (label 0) one of the other three,
+uniformly. So the word alone, and the scene alone, say nothing about the label; only reading
+both does, and reading the scene needs the patches' places.
 
-Why word order and the layout of the scene are both needed: ``square left-of cross`` and ``cross
-left-of square`` hold the same words and only one is true, so a model that reads the caption as
-a bag of words is capped below 100 %, and so is one that cannot place the patches (the scene's
-relation is the direction task's signal). The caption reaches the model as word ids next to the
-image; the ViT embeds them as tokens after the class token (``models/clip_layout.py`` gives them
-positions: counted in front of the image on every axis, by M-RoPE's rule, for N-D encodings;
-prefix tokens for 2D ones; the flattened index for 1D ones).
+The caption reaches the model as word ids next to the image; the ViT embeds them as tokens after
+the class token (``models/clip_layout.py`` gives them positions: counted in front of the image on
+every axis, by M-RoPE's rule, for N-D encodings; prefix tokens for 2D ones; the flattened index
+for 1D ones).
+
+A first form with three-word captions (``cross left-of square``, where word order decides) sat
+at chance for every encoding tried (irpe_nd and t5, 8,000 scenes, 12 and 24 epochs, class token
+or mean read): the training loss never left ln 2. One word is the form the issue names.
 """
 
 from __future__ import annotations
@@ -28,22 +29,8 @@ from posenc_cli.data.images.direction import geometry, make_scene, render
 from posenc_cli.data.images.procedural import ProceduralImages
 
 CLASSES = ["false", "true"]
-WORDS = ["square", "cross", "left-of", "right-of", "above", "below"]
-CAPTION_LENGTH = 3
-# the word for "the cross is <relation> the square", and the one for the converse
-RELATION_WORD = {"left": "left-of", "right": "right-of", "above": "above", "below": "below"}
-CONVERSE = {"left-of": "right-of", "right-of": "left-of", "above": "below", "below": "above"}
-CAPTIONS = [
-    (subject, relation, "cross" if subject == "square" else "square")
-    for subject in ("cross", "square")
-    for relation in ("left-of", "right-of", "above", "below")
-]
-
-
-def true_captions(relation: str) -> list[tuple[str, str, str]]:
-    """The two captions that describe a scene whose cross is ``relation`` of the square."""
-    word = RELATION_WORD[relation]
-    return [("cross", word, "square"), ("square", CONVERSE[word], "cross")]
+WORDS = list(RELATIONS)  # the caption: where the cross lies from the square
+CAPTION_LENGTH = 1
 
 
 def encode(caption: tuple[str, ...]) -> Tensor:
@@ -67,9 +54,10 @@ class CaptionedScenes(ProceduralImages):
         relation = int(rng.integers(len(RELATIONS)))  # drawn before the caption, label-free
         scene = make_scene(rng, self.geometry, relation)
         image = render(scene, self.geometry.image_size, rng)
-        right = true_captions(RELATIONS[relation])
-        pool = right if label == 1 else [c for c in CAPTIONS if c not in right]
-        return image, pool[int(rng.integers(len(pool)))]
+        if label == 1:
+            return image, (RELATIONS[relation],)
+        others = [r for r in RELATIONS if r != RELATIONS[relation]]
+        return image, (others[int(rng.integers(len(others)))],)
 
     def __getitem__(self, index: int) -> tuple[tuple[Tensor, Tensor], int]:
         label = index % len(CLASSES)
