@@ -52,11 +52,12 @@ Efficiency (the official code builds an ``(N, N, d)`` value embedding; nothing h
 key term ``q @ r^K`` once per bucket ``(B, H, Nq, nb)``, then a gather by bucket id; query term
 ``k @ r^Q`` gathered with the transposed ids; value term ``sum_per_bucket(a) @ r^V``. Cross
 does its two lookups as one: ``r_rows[a] + r_cols[b]`` is read from a merged ``(P*P + 1)``-entry
-table (``cross_table``, rebuilt from the two learned tables on every call, so gradients reach
-both) by one id per pair (``cross_ids``), the same gather as product. Bucket ids are looked up in
-an offset table (``bucket_table``) cached per grid span and device, and the pair ids of the last
-positions seen are cached per shape (checked by value, so a stale entry is never used). The
-cached ids are plain tensors, not buffers: they live on the positions' device. In contextual mode
+table (``merged_cross_table``, rebuilt from the two learned tables on every call, so gradients
+reach both) by one id per pair (``merged_cross_ids``), the same gather as product
+(``irpe_pairs.py``). Bucket ids are looked up in an offset table (``bucket_table``) cached per
+grid span and device, and the pair ids of the last positions seen are cached per shape (checked
+by value, so a stale entry is never used). The cached ids are plain tensors, not buffers: they
+live on the positions' device. In contextual mode
 ``attend`` runs the whole attention with a hand-written backward (``kernels/bucket_attention.py``:
 one logits buffer, softmax in place); at DeiT-Ti shape that took q+k from 1.41x to 1.30x of no
 iRPE in an interleaved A/B run.
@@ -95,143 +96,29 @@ from posenc_cli.encodings.irpe_index import (
     Method,
     bucket_ids,
     bucket_table,
-    check_params,
     num_buckets,
-    params_from_ratio,
     piecewise_index,
 )
+from posenc_cli.encodings.irpe_pairs import (
+    Pairs,
+    grid_reach,
+    lookup_offsets,
+    merged_cross_ids,
+    merged_cross_table,
+    pair_ids,
+    soft_reads,
+)
+from posenc_cli.encodings.irpe_settings import Params, grid_side, index_scales, resolve_auto
 from posenc_cli.errors import UsageError
-from posenc_cli.kernels import bucket_attention, soft_index
+from posenc_cli.kernels import bucket_attention
 from posenc_cli.kernels.biased_sdpa import EXPLICIT_MAX_PAIRS
 from posenc_cli.kernels.buckets import gather_buckets, sum_per_bucket
 
 Mode = Literal["bias", "contextual"]
 On = Literal["k", "q", "v", "qk", "kv", "qv", "qkv"]
 ONS: tuple[str, ...] = ("k", "q", "v", "qk", "kv", "qv", "qkv")
-Params = tuple[float, float, float]  # (alpha, beta, gamma) of one index scale
 Breakpoints = Literal["fixed", "learned"]
-Pairs = list[tuple[Tensor, Tensor | None]]  # (ids, weight or None = 1) read and summed
 MIN_GAP = 1e-3  # how close a learned gamma may come to alpha (ln(gamma / alpha) > 0)
-
-
-def index_scales(
-    ratio: float,
-    alpha: float | None,
-    beta: float | None,
-    gamma: float | None,
-    ratios: list[float] | None,
-) -> list[Params]:
-    """``(alpha, beta, gamma)`` of every index scale; UsageError on a bad combination."""
-    overrides = {"alpha": alpha, "beta": beta, "gamma": gamma}
-    if ratios is not None:
-        given = [k for k, v in overrides.items() if v is not None]
-        if given:
-            raise UsageError(
-                f"irpe: {', '.join(given)} override a single ratio; with ratios set, leave "
-                f"alpha/beta/gamma unset (each ratio r gives r : 2r : 8r)"
-            )
-        if ratio != DEFAULT_RATIO:
-            raise UsageError(
-                f"irpe: set either ratio ({ratio}) or ratios ({ratios}), not both; "
-                f"put every scale in ratios"
-            )
-        if not ratios:
-            raise UsageError("irpe: ratios is empty; give at least one, e.g. ratios=[1.9, 3.8]")
-        scales = [params_from_ratio(r) for r in ratios]
-    else:
-        base = dict(zip(("alpha", "beta", "gamma"), params_from_ratio(ratio), strict=True))
-        base.update({k: v for k, v in overrides.items() if v is not None})
-        scales = [(base["alpha"], base["beta"], base["gamma"])]
-    for params in scales:
-        check_params(*params)
-    return scales
-
-
-def grid_side(height: int | None, width: int | None, why: str) -> int:
-    """``max(height, width)`` of the trained grid, or a UsageError saying that ``why`` needs
-    them (the ViT and DETR pass both)."""
-    fix = "give numbers instead of 'auto'" if why != "rescale" else "set rescale false"
-    h = adaptive.check_extent("irpe", "height", height, why, fix)
-    w = adaptive.check_extent("irpe", "width", width, why, fix)
-    return max(h, w)
-
-
-def resolve_auto(
-    ratio: float | Auto,
-    alpha: float | Auto | None,
-    beta: float | Auto | None,
-    gamma: float | Auto | None,
-    ratios: list[float] | None,
-    height: int | None,
-    width: int | None,
-) -> tuple[float, float | None, float | None, float | None]:
-    """``(ratio, alpha, beta, gamma)`` with every ``auto`` taken from the trained grid's ratio
-    ``max(height, width) / 8`` (``encodings/adaptive.py``, rule 1)."""
-    if not any(is_auto(v) for v in (ratio, alpha, beta, gamma)):
-        return ratio, alpha, beta, gamma  # type: ignore[return-value]
-    if ratios is not None:
-        raise UsageError(
-            "irpe: 'auto' chooses one index scale; with ratios set, give numbers (or drop ratios)"
-        )
-    assert height is not None and width is not None  # checked by grid_side
-    auto = adaptive.irpe_ratio(height, width)
-    derived = dict(zip(("alpha", "beta", "gamma"), params_from_ratio(auto), strict=True))
-    picked = {
-        key: derived[key] if is_auto(value) else value
-        for key, value in (("alpha", alpha), ("beta", beta), ("gamma", gamma))
-    }
-    base = auto if is_auto(ratio) else ratio
-    return base, picked["alpha"], picked["beta"], picked["gamma"]  # type: ignore[return-value]
-
-
-def soft_reads(x: Tensor, alpha: Tensor, beta: float, gamma: Tensor) -> Pairs:
-    """The two ``(ids, weight)`` reads of the soft index of ``x`` (ids shifted by
-    ``int(beta)`` as the fixed ones): ``soft_index.piecewise_index`` between its neighbours."""
-    B = int(beta)
-    u = soft_index.piecewise_index(x.double(), alpha, beta, gamma) + B
-    lo, hi, w = soft_index.neighbours(u, 2 * B)
-    return [(lo, 1 - w), (hi, w)]
-
-
-def grid_reach(*positions: Tensor) -> tuple[int, int]:
-    """Largest row and column distance between any two grid tokens of ``positions``."""
-    coords = torch.cat(positions)  # (n, 2)
-    coords = coords[coords[:, 0] >= 0]
-    if len(coords) == 0:
-        return 0, 0
-    span = coords.max(dim=0).values - coords.min(dim=0).values  # (2,)
-    return int(span[0]), int(span[1])
-
-
-def lookup_offsets(table: Tensor, offsets: Tensor) -> Tensor:
-    """Bucket id of every ``(..., 2)`` offset, read from a ``bucket_table`` ``(2h-1, 2w-1)``."""
-    h, w = (table.shape[0] + 1) // 2, (table.shape[1] + 1) // 2
-    return table[offsets[..., 0] + h - 1, offsets[..., 1] + w - 1]
-
-
-def pair_ids(table: Tensor, q_pos: Tensor, k_pos: Tensor, prefix_id: int) -> Tensor:
-    """Bucket id of every (query, key) pair, ``(Nq, Nk)``: the offset ``q - k`` looked up in
-    ``table``, and ``prefix_id`` wherever either token is a prefix token."""
-    offsets = q_pos[:, None, :] - k_pos[None, :, :]  # (Nq, Nk, 2), query minus key
-    prefix = (q_pos[:, None, 0] < 0) | (k_pos[None, :, 0] < 0)  # (Nq, Nk)
-    offsets = offsets.masked_fill(prefix[..., None], 0)  # keep prefix pairs inside the table
-    return lookup_offsets(table, offsets).masked_fill(prefix, prefix_id)
-
-
-def cross_ids(rows: Tensor, cols: Tensor, prefix_id: int) -> Tensor:
-    """One id per pair for the cross method, ``rows * P + cols`` with ``P = prefix_id`` (the
-    per-map grid count), and ``P * P`` for prefix pairs (they have the prefix id in both maps).
-    With ``cross_table`` the two lookups of cross become one gather of the size of product's."""
-    return torch.where(rows == prefix_id, prefix_id * prefix_id, rows * prefix_id + cols)
-
-
-def cross_table(rows: Tensor, cols: Tensor, axis: int) -> Tensor:
-    """The table that ``cross_ids`` index: entry ``a * P + b`` is ``rows[a] + cols[b]`` and the
-    last one ``rows[P] + cols[P]`` (the prefix entries); ``axis`` is the bucket axis of both."""
-    r, c = rows.movedim(axis, -1), cols.movedim(axis, -1)  # (..., P + 1)
-    side = r.shape[-1] - 1
-    grid = (r[..., :side, None] + c[..., None, :side]).flatten(-2)  # (..., P * P)
-    return torch.cat([grid, r[..., side:] + c[..., side:]], dim=-1).movedim(-1, axis)
 
 
 class ImageRPE(PositionEncoding):
@@ -430,11 +317,11 @@ class ImageRPE(PositionEncoding):
         return self.soft_ids(offsets, None, (int(reach[0]), int(reach[1])))
 
     def _merge_maps(self, ids: list[Tensor]) -> list[Tensor]:
-        """Per (scale, map) ids -> one id tensor per scale (cross: ``cross_ids``)."""
+        """Per (scale, map) ids -> one id tensor per scale (cross: ``merged_cross_ids``)."""
         if self.method != "cross":
             return ids
         pairs = zip(ids[::2], ids[1::2], self.counts, strict=True)
-        return [cross_ids(rows, cols, count - 1) for rows, cols, count in pairs]
+        return [merged_cross_ids([rows, cols], count - 1) for rows, cols, count in pairs]
 
     def map_ids(self, q_pos: Tensor, k_pos: Tensor) -> list[Tensor]:
         """``(Nq, Nk)`` ids of every (scale, map) as the official code numbers them, uncached."""
@@ -486,7 +373,7 @@ class ImageRPE(PositionEncoding):
         if self.method != "cross":
             return [t[0] for t in tables]
         axis = -2 if letter == "v" and self.mode == "contextual" else -1  # the bucket axis
-        return [cross_table(rows, cols, axis) for rows, cols in tables]
+        return [merged_cross_table([rows, cols], axis) for rows, cols in tables]
 
     def _per_bucket(self, x: Tensor, table: Tensor) -> Tensor:
         """``x . r_b`` for every bucket: ``(B, H, N, d)`` by ``(H|1, d, nb)`` -> ``(B, H, N, nb)``,
@@ -614,8 +501,6 @@ __all__ = [
     "ImageRPE",
     "bucket_ids",
     "bucket_table",
-    "cross_ids",
-    "cross_table",
     "grid_reach",
     "index_scales",
     "lookup_offsets",

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from posenc_cli.encodings.irpe import ImageRPE, Method, Mode, On
 from posenc_cli.encodings.irpe_index import DEFAULT_RATIO, piecewise_index
+from posenc_cli.encodings.irpe_pairs import merged_cross_ids, merged_cross_table
 from posenc_cli.errors import UsageError
 
 MAX_AXES = 4  # product buckets grow as S^A: 2401 at A = 4, past that a table per axis is wiser
@@ -70,29 +71,6 @@ def offset_ids(
     for axis_ids in per_axis[1:]:
         ids = ids * side + axis_ids  # product: the axis buckets as the digits of one number
     return [ids]
-
-
-def merged_cross_ids(per_axis: list[Tensor], side: int) -> Tensor:
-    """One id per pair from the per-axis ids of ``cross``: the digits ``id_a`` in base
-    ``side``, and ``side^A`` for prefix pairs (their id is ``side`` on every axis). The gather
-    is then the same as product's, into ``merged_cross_table``."""
-    ids = per_axis[0]
-    for axis_ids in per_axis[1:]:
-        ids = ids * side + axis_ids
-    return torch.where(per_axis[0] == side, side ** len(per_axis), ids)
-
-
-def merged_cross_table(tables: list[Tensor], axis: int) -> Tensor:
-    """Entry ``merged_cross_ids`` of the sum of the axis tables (bucket axis ``axis`` of each,
-    ``side + 1`` long with the prefix entry last): every combination of grid buckets, then the
-    sum of the prefix entries."""
-    moved = [t.movedim(axis, -1) for t in tables]
-    side = moved[0].shape[-1] - 1
-    grid = moved[0][..., :side]
-    for t in moved[1:]:
-        grid = (grid[..., :, None] + t[..., None, :side]).flatten(-2)
-    prefix = sum(t[..., side:] for t in moved)
-    return torch.cat([grid, prefix], dim=-1).movedim(-1, axis)
 
 
 class RelativeND(ImageRPE):
@@ -186,4 +164,4 @@ class RelativeND(ImageRPE):
         return [merged_cross_table(tables, axis) for tables in per_scale]
 
 
-__all__ = ["RelativeND", "axis_coordinates", "merged_cross_ids", "merged_cross_table", "offset_ids"]
+__all__ = ["RelativeND", "axis_coordinates", "offset_ids"]
