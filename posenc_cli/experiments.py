@@ -189,6 +189,11 @@ def _worker(run: Recipe, run_dir: Path, resume: bool, threads: int) -> tuple[str
             train_and_evaluate(run, run_dir, resume, Console(stderr=True, quiet=True))
         except TrainingStopped as err:
             return run_dir.name, str(err)
+        except (Terminated, KeyboardInterrupt) as err:
+            # The run has saved its checkpoint. Leave the pool instead of returning to it: a
+            # worker that returned would start the run already queued to it, so a stopped sweep
+            # went on training (tests/test_reliability.py).
+            os._exit(143 if isinstance(err, Terminated) else 130)
     return run_dir.name, None
 
 

@@ -212,3 +212,35 @@ def test_sigterm_saves_a_checkpoint_where_the_run_stopped(tmp_path):
 
     state = torch.load(out / "last.pt", weights_only=True)
     assert state["step"] >= 50  # saved where it stopped, not only at checkpoint_every
+
+
+@pytest.mark.parametrize("how", ["sigterm", "ctrl-c"])
+def test_a_stopped_parallel_sweep_starts_no_queued_run(tmp_path, how):
+    """Three runs in two workers: SIGTERM to the sweep (a scheduler) or SIGINT to its process
+    group (a terminal's Ctrl-C) while the first two train ends the sweep; the third run, already
+    queued to a worker, is never started (it once was, and trained to the end)."""
+    out = tmp_path / "sweep"
+    args = [*TINY, "train.steps=100000", "train.checkpoint_every=100000", "train.eval_every=50"]
+    command = [sys.executable, "-m", "posenc_cli", "train", "quickstart", *args,
+               "sweep.seed=[0,1,2]", "--jobs", "2", "--out", str(out)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        command, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while len(list(out.glob("*/metrics.jsonl"))) < 2:  # both workers are training
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        if how == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # never leave a sweep training behind
+    assert proc.returncode == (143 if how == "sigterm" else 130), err
+    started = sorted(p.parent.name for p in out.glob("*/metrics.jsonl"))
+    assert started == ["seed=0", "seed=1"], started
+    assert all((out / name / "last.pt").is_file() for name in started)  # both can resume
