@@ -17,7 +17,7 @@ from posenc_cli.encodings.base import grid_positions
 from posenc_cli.encodings.irpe import ImageRPE
 from posenc_cli.errors import UsageError
 from posenc_cli.models.attention import Attention
-from posenc_cli.models.window import gather_windows, slot_offsets, valid_slots
+from posenc_cli.models.window import slot_keys, slot_offsets, valid_slots
 
 TIGHT = {"atol": 1e-9, "rtol": 1e-9}
 DIM, HEADS, HEAD_DIM = 16, 2, 8
@@ -312,7 +312,7 @@ def test_window_hooks_equal_the_dense_hooks_at_the_same_pairs(method, mode, on, 
     rows = torch.arange(N)[:, None].expand_as(key_index)
 
     dense = enc.bias(q, k, pos, pos).expand(2, HEADS, N, N)
-    windowed = enc.window_bias(q, gather_windows(k, height, width, window), offsets)
+    windowed = enc.window_bias(q, k, offsets, slot_keys(height, width, offsets))
     windowed = windowed.expand(2, HEADS, N, len(offsets))
     assert_close(windowed[..., valid], dense[:, :, rows, key_index][..., valid], **TIGHT)
 

@@ -10,7 +10,7 @@ from posenc_cli.encodings import ENCODINGS, build_encoding
 from posenc_cli.encodings.base import grid_positions
 from posenc_cli.errors import UsageError
 from posenc_cli.models.attention import Attention
-from posenc_cli.models.window import gather_windows, slot_offsets, valid_slots
+from posenc_cli.models.window import slot_keys, slot_offsets, valid_slots
 
 IMAGE = ["none"] + [n for n in ENCODINGS if ENCODINGS[n].dims == 2]
 DIM, HEADS = 16, 2
@@ -107,12 +107,12 @@ def test_a_window_covering_the_grid_is_full_attention(name):
     )
 
 
-def test_slots_and_gathering():
+def test_slots_and_their_keys():
     offsets = slot_offsets(3)
     assert offsets.tolist()[0] == [1, 1] and offsets.tolist()[4] == [0, 0]  # query minus key
-    grid = torch.arange(12.0).reshape(1, 1, 12, 1)  # a 3 x 4 grid holding its own index
-    windows = gather_windows(grid, 3, 4, 3)[0, 0, :, :, 0]  # (12, 9)
-    assert windows[5].tolist() == [0, 1, 2, 4, 5, 6, 8, 9, 10]  # around (1, 1)
+    keys = slot_keys(3, 4, offsets)  # a 3 x 4 grid, 12 = off the grid
+    assert keys[5].tolist() == [0, 1, 2, 4, 5, 6, 8, 9, 10]  # around (1, 1)
+    assert keys[0].tolist() == [12, 12, 12, 12, 0, 1, 12, 4, 5]  # the corner (0, 0)
     assert valid_slots(3, 4, 3)[0].tolist() == [0, 0, 0, 0, 1, 1, 0, 1, 1]
 
 

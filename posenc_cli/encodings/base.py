@@ -153,12 +153,12 @@ class PositionEncoding(nn.Module):
         """``(B, H, Nq, d)`` attention output computed by the encoding itself, or None."""
         return None
 
-    def window_bias(self, q: Tensor, k_window: Tensor, offsets: Tensor) -> Tensor | None:
-        """Logit term for window attention: ``q`` ``(B, H, Nq, d)`` patch queries, ``k_window``
-        ``(B, H, Nq, K, d)`` the keys in each query's window, ``offsets`` ``(K, 2)`` the
-        (row, col) of the query minus that of the key for every slot (iRPE's and Swin's sign).
-        Returns ``(B|1, H, Nq|1, K)`` or None. Slots that fall off the grid are masked by the
-        caller, so their value does not matter."""
+    def window_bias(self, q: Tensor, k: Tensor, offsets: Tensor, keys: Tensor) -> Tensor | None:
+        """Logit term for window attention: ``q`` and ``k`` ``(B, H, N, d)`` the patch queries
+        and keys, ``offsets`` ``(K, 2)`` the (row, col) of the query minus that of the key for
+        every slot (iRPE's and Swin's sign), ``keys`` ``(N, K)`` the index of each query's key
+        in every slot (``N`` where the slot falls off the grid). Returns ``(B|1, H, N|1, K)``
+        or None. Masked slots' values do not matter."""
         return None
 
     def window_value(self, attn: Tensor, offsets: Tensor) -> Tensor | None:

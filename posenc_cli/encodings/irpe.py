@@ -85,6 +85,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc_cli.encodings import adaptive
@@ -452,7 +453,7 @@ class ImageRPE(PositionEncoding):
             out = term if out is None else out + term
         return out
 
-    def window_bias(self, q: Tensor, k_window: Tensor, offsets: Tensor) -> Tensor | None:
+    def window_bias(self, q: Tensor, k: Tensor, offsets: Tensor, keys: Tensor) -> Tensor | None:
         terms: list[Tensor] = []
         if "k" in self.on:
             for table, reads in zip(
@@ -473,9 +474,11 @@ class ImageRPE(PositionEncoding):
                 for idx, w in reads:
                     if self.mode == "bias":
                         term = table[:, idx][None, :, None]  # (1, H|1, 1, K)
-                    else:
-                        slots = table[:, :, idx].transpose(-2, -1) * self.logit_scale()
-                        term = (k_window * slots[None, :, None]).sum(-1)  # (B, H, Nq, K)
+                    else:  # k_j . r^Q[b(slot)] for the key j of every query's slot
+                        per_key = self._per_bucket(k, table).index_select(-1, idx)  # (B,H,N,K)
+                        padded = F.pad(per_key, (0, 0, 0, 1))  # off-grid slots read row N
+                        index = keys.expand(*per_key.shape[:2], *keys.shape)
+                        term = padded.gather(2, index)  # (B, H, N, K)
                     terms.append(term if w is None else term * w.to(term.dtype))
         if not terms:
             return None

@@ -95,7 +95,7 @@ class SwinBias(PositionEncoding):
         entries = torch.cat([self.table, self.prefix_bias[None]])  # (entries + 1, heads)
         return table_bias(entries.t(), index)  # (1, heads, Nq, Nk)
 
-    def window_bias(self, q: Tensor, k_window: Tensor, offsets: Tensor) -> Tensor:
+    def window_bias(self, q: Tensor, k: Tensor, offsets: Tensor, keys: Tensor) -> Tensor:
         reach = int(offsets.abs().max())
         if reach >= min(self.height, self.width):
             raise UsageError(

@@ -24,12 +24,18 @@ patch query, which is what lets a relative encoding compute its term per slot on
   on the real positions, so the relative terms stay exact; a window slot that lands on a global
   patch is masked, the pair being counted once, as a global one.
 
-Keys of each query's slots are gathered into ``(B, H, N, K, d)``: memory linear in the number of
-patches, traded for one batched contraction instead of a Python loop over slots.
+No ``(B, H, N, K, d)`` tensor of each query's keys is gathered: a slot's keys are a shifted view
+of the zero-padded key grid, one slot at a time. Without a value term the slots go through
+``kernels/slot_attention.py`` (online softmax, hand-written backward: ``O(N d)`` memory, no
+``(N, K)`` logits held) and are joined with the global columns by their log-sum-exp; with one
+(Shaw-like ``window_value``) the ``(N, K)`` weights are formed explicitly, slot by slot. At
+64 x 64 patches this took the forward + backward from 12x the memory of full flash attention
+(the gathered keys) to the figures in the README.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 
 import torch
@@ -38,6 +44,7 @@ from torch import Tensor
 
 from posenc_cli.encodings.base import PositionEncoding, grid_shape
 from posenc_cli.errors import UsageError
+from posenc_cli.kernels.slot_attention import shifted, slot_attention
 
 
 def _square(window: int, spacing: int, device=None) -> Tensor:
@@ -69,33 +76,6 @@ def slot_keys(height: int, width: int, offsets: Tensor) -> Tensor:
     key_rows, key_cols = rows - offsets[:, 0], cols - offsets[:, 1]  # (h*w, K)
     on_grid = (key_rows >= 0) & (key_rows < height) & (key_cols >= 0) & (key_cols < width)
     return torch.where(on_grid, key_rows * width + key_cols, height * width)
-
-
-def gather_slots(x: Tensor, keys: Tensor) -> Tensor:
-    """``(B, H, h*w, d)`` patches -> ``(B, H, Nq, K, d)``, the keys of ``keys`` ``(Nq, K)``;
-    off-grid slots read a zero row. Any list of slots."""
-    B, H, _, d = x.shape
-    padded = torch.cat([x, x.new_zeros(B, H, 1, d)], dim=2)
-    return padded.index_select(2, keys.flatten()).view(B, H, *keys.shape, d)
-
-
-def gather_windows(
-    x: Tensor, height: int, width: int, window: int, dilation: int = 1, stride: int | None = None
-) -> Tensor:
-    """``(B, H, h*w, d)`` patches -> ``(B, H, h*w, K, d)``: each patch's slots, zero-padded, in
-    ``slot_offsets``' order."""
-    if stride is not None:
-        offsets = slot_offsets(window, x.device, dilation, stride)
-        return gather_slots(x, slot_keys(height, width, offsets))
-    # a square of slots: unfold, which measured 15-25% faster in the forward than gather_slots
-    B, H, _, d = x.shape
-    r = (window // 2) * dilation
-    span = 2 * r + 1
-    grid = x.reshape(B, H, height, width, d)
-    padded = F.pad(grid, (0, 0, r, r, r, r))  # (B, H, h + 2r, w + 2r, d)
-    windows = padded.unfold(2, span, 1).unfold(3, span, 1)  # (B, H, h, w, d, span, span)
-    windows = windows[..., ::dilation, ::dilation]  # (B, H, h, w, d, k, k)
-    return windows.permute(0, 1, 2, 3, 5, 6, 4).reshape(B, H, height * width, window**2, d)
 
 
 def valid_slots(
@@ -161,6 +141,33 @@ def _plus(a: Tensor, b: Tensor | None) -> Tensor:
     return a if b is None else a + b
 
 
+def explicit_slots(
+    q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, height: int, width: int
+) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
+    """The slots' ``q . k`` ``(B, H, N, K)``, one shifted view at a time, and the function that
+    takes weights ``(B, H, N, K)`` to ``sum_s a_s v_s`` ``(B, H, N, d)``; for the value-term
+    path, which needs the weights themselves."""
+    B, H, N, d = q.shape
+    offs = [tuple(o) for o in offsets.tolist()]
+    reach = max((max(abs(a), abs(b)) for a, b in offs), default=0)
+    pad = (0, 0, reach, reach, reach, reach)
+    q5 = q.reshape(B, H, height, width, d)
+    kp = F.pad(k.reshape(B, H, height, width, d), pad)
+    vp = F.pad(v.reshape(B, H, height, width, d), pad)
+    dots = [(q5 * shifted(kp, reach, o, height, width)).sum(-1) for o in offs]
+    logits = torch.stack(dots, dim=-1).reshape(B, H, N, len(offs))
+
+    def weigh(attn: Tensor) -> Tensor:
+        a5 = attn.reshape(B, H, height, width, len(offs))
+        out = None
+        for s, o in enumerate(offs):
+            term = a5[..., s : s + 1] * shifted(vp, reach, o, height, width)
+            out = term if out is None else out + term
+        return out.reshape(B, H, N, d)
+
+    return logits, weigh
+
+
 def window_attention(
     q: Tensor,
     k: Tensor,
@@ -182,31 +189,37 @@ def window_attention(
     glob, grid = slice(0, n_global), slice(prefix, None)
     pattern = (height, width, window, dilation, stride, global_tokens, q.device)
     offsets, keys, valid = slot_table(*pattern)
-    neg = torch.finfo(q.dtype).min
 
-    # every patch query, the global patches too: their rows are dropped at the end, which costs
-    # G rows where slicing the gathered keys would copy all of them
-    q_grid = q[:, :, grid]  # (B, H, N, d)
-    if stride is None:  # a square of slots: unfold
-        k_win = gather_windows(k[:, :, grid], height, width, window, dilation)  # (B, H, N, K, d)
-        v_win = gather_windows(v[:, :, grid], height, width, window, dilation)
-    else:
-        k_win, v_win = gather_slots(k[:, :, grid], keys), gather_slots(v[:, :, grid], keys)
-    logits = torch.einsum("bhnd,bhnkd->bhnk", q_grid, k_win) * scale  # (B, H, N, K)
-    logits = _plus(logits, encoding.window_bias(q_grid, k_win, offsets))
-    logits = logits.masked_fill(~valid, neg)
+    # every patch query, the global patches too: their rows are dropped at the end
+    q_grid, k_grid, v_grid = q[:, :, grid], k[:, :, grid], v[:, :, grid]  # (B, H, N, d)
+    bias = encoding.window_bias(q_grid, k_grid, offsets, keys)  # (B|1, H|1, N|1, K) or None
     if n_global:
         k_glob, pos_glob, pos_grid = k[:, :, glob], positions[glob], positions[grid]
         to_glob = q_grid @ k_glob.transpose(-2, -1) * scale  # (B, H, N, P + G)
         to_glob = _plus(to_glob, encoding.bias(q_grid, k_glob, pos_grid, pos_glob))
-        logits = torch.cat([to_glob, logits], dim=-1)  # (B, H, N, P + G + K)
-    attn = logits.softmax(dim=-1)
-    attn_glob, attn_win = attn[..., :n_global], attn[..., n_global:]
-    out = torch.einsum("bhnk,bhnkd->bhnd", attn_win, v_win)
-    out = _plus(out, encoding.window_value(attn_win, offsets))
+    if encoding.uses_value:
+        logits, weigh = explicit_slots(q_grid, k_grid, v_grid, offsets, height, width)
+        logits = _plus(logits * scale, bias).masked_fill(~valid, torch.finfo(q.dtype).min)
+        if n_global:
+            logits = torch.cat([to_glob, logits], dim=-1)  # (B, H, N, P + G + K)
+        attn = logits.softmax(dim=-1)
+        attn_glob, attn_win = attn[..., :n_global], attn[..., n_global:]
+        out = _plus(weigh(attn_win), encoding.window_value(attn_win, offsets))
+        if n_global:
+            out = out + attn_glob @ v[:, :, glob]
+            out = _plus(out, encoding.value(attn_glob, positions[grid], positions[glob]))
+    else:
+        out, lse = slot_attention(
+            q_grid, k_grid, v_grid, offsets, valid, scale, height, width, bias
+        )
+        if n_global:  # join the slots and the global columns by their log-sum-exps
+            lse_glob = to_glob.logsumexp(dim=-1)
+            both = torch.logaddexp(lse, lse_glob)
+            out_glob = to_glob.softmax(dim=-1) @ v[:, :, glob]
+            out = (
+                out * (lse - both).exp()[..., None] + out_glob * (lse_glob - both).exp()[..., None]
+            )
     if n_global:
-        out = out + attn_glob @ v[:, :, glob]
-        out = _plus(out, encoding.value(attn_glob, positions[grid], positions[glob]))
         globals_out = global_attention(q[:, :, glob], k, v, encoding, positions, scale)
         out = torch.cat([globals_out, out[:, :, global_tokens:]], dim=2)
     return out

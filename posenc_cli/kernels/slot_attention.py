@@ -1,0 +1,137 @@
+"""Attention over a fixed list of 2D slots, one slot at a time, with a hand-written backward.
+
+Window attention on an image grid (``models/window.py``) gives every patch query the same ``K``
+slots, each a 2D offset (query minus key). Here each slot's keys are a shifted view of the
+zero-padded key grid, so nothing of size ``(N, K, d)`` is gathered, and the softmax runs online
+over the slots (FlashAttention's running maximum and sum, Dao et al. 2022), so not even the
+``(N, K)`` logits are held: the forward keeps ``O(N d)``; the backward recomputes each slot's
+probabilities from the saved log-sum-exp and adds its gradients into the padded grids in place.
+
+``slot_attention(q, k, v, offsets, valid, scale, bias=None)`` returns the output and the
+log-sum-exp of every query, ``(B, H, N, d)`` and ``(B, H, N)``; the log-sum-exp lets a caller
+join the slots with other keys (global tokens) exactly. ``bias`` is an optional additive logit
+term per slot, ``(B|1, H|1, N|1, K)``, which receives its gradient. Masked slots (``valid``
+False: off the grid, or a key counted elsewhere) take no weight; a query with no valid slot gets
+a zero output and a log-sum-exp of -inf.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def shifted(padded: Tensor, reach: int, offset: tuple[int, int], height: int, width: int):
+    """The key of every query at one slot: a ``(B, H, h, w, d)`` view of the padded grid."""
+    a, b = offset
+    return padded[:, :, reach - a : reach - a + height, reach - b : reach - b + width]
+
+
+class _SlotAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, bias, offsets, valid, scale, height, width):
+        B, H, N, d = q.shape
+        offs = [tuple(o) for o in offsets.tolist()]
+        reach = max((max(abs(a), abs(b)) for a, b in offs), default=0)
+        pad = (0, 0, reach, reach, reach, reach)
+        q5 = q.reshape(B, H, height, width, d)
+        kp = F.pad(k.reshape(B, H, height, width, d), pad)
+        vp = F.pad(v.reshape(B, H, height, width, d), pad)
+        mask = valid.reshape(height, width, -1)
+        bias5 = None if bias is None else _grid_bias(bias, height, width)
+        neg = torch.tensor(float("-inf"), dtype=q.dtype, device=q.device)
+        m = torch.full((B, H, height, width), float("-inf"), dtype=q.dtype, device=q.device)
+        total = torch.zeros_like(m)
+        acc = torch.zeros_like(q5)
+        for s, offset in enumerate(offs):
+            score = torch.linalg.vecdot(q5, shifted(kp, reach, offset, height, width)) * scale
+            if bias5 is not None:
+                score = score + bias5[..., s]
+            score = torch.where(mask[..., s], score, neg)
+            m_new = torch.maximum(m, score)
+            safe = torch.where(torch.isinf(m_new), 0.0, m_new)  # rows with nothing valid yet
+            rescale, p = torch.exp(m - safe), torch.exp(score - safe)
+            total = total * rescale + p
+            v_s = shifted(vp, reach, offset, height, width)
+            acc.mul_(rescale[..., None]).addcmul_(p[..., None], v_s)  # in place: O(N d) held
+            m = m_new
+        out = acc / torch.where(total > 0, total, 1.0)[..., None]
+        lse = torch.where(total > 0, m + torch.log(torch.where(total > 0, total, 1.0)), neg)
+        ctx.save_for_backward(q, k, v, bias, out, lse, offsets, valid)
+        ctx.scale, ctx.height, ctx.width = scale, height, width
+        return out.reshape(B, H, N, d), lse.reshape(B, H, N)
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        q, k, v, bias, out, lse, offsets, valid = ctx.saved_tensors
+        scale, height, width = ctx.scale, ctx.height, ctx.width
+        B, H, N, d = q.shape
+        offs = [tuple(o) for o in offsets.tolist()]
+        reach = max((max(abs(a), abs(b)) for a, b in offs), default=0)
+        pad = (0, 0, reach, reach, reach, reach)
+        q5 = q.reshape(B, H, height, width, d)
+        kp = F.pad(k.reshape(B, H, height, width, d), pad)
+        vp = F.pad(v.reshape(B, H, height, width, d), pad)
+        mask = valid.reshape(height, width, -1)
+        bias5 = None if bias is None else _grid_bias(bias, height, width)
+        d_out = grad_out.reshape(B, H, height, width, d)
+        d_lse = torch.zeros_like(lse) if grad_lse is None else grad_lse.reshape(lse.shape)
+        finite_lse = torch.where(torch.isinf(lse), 0.0, lse)
+        row = (d_out * out).sum(-1) - d_lse  # FlashAttention's D, less the lse's own gradient
+        dq = torch.zeros_like(q5)
+        dkp, dvp = torch.zeros_like(kp), torch.zeros_like(vp)
+        d_bias = [] if bias is not None and ctx.needs_input_grad[3] else None
+        for s, offset in enumerate(offs):
+            k_s = shifted(kp, reach, offset, height, width)
+            v_s = shifted(vp, reach, offset, height, width)
+            score = torch.linalg.vecdot(q5, k_s) * scale
+            if bias5 is not None:
+                score = score + bias5[..., s]
+            p = torch.where(mask[..., s], torch.exp(score - finite_lse), 0.0)  # (B, H, h, w)
+            shifted(dvp, reach, offset, height, width).addcmul_(p[..., None], d_out)
+            ds = p * (torch.linalg.vecdot(d_out, v_s) - row)
+            if d_bias is not None:
+                d_bias.append(ds)
+            dq.addcmul_(ds[..., None], k_s, value=scale)
+            shifted(dkp, reach, offset, height, width).addcmul_(ds[..., None], q5, value=scale)
+        inner = (
+            slice(None),
+            slice(None),
+            slice(reach, reach + height),
+            slice(reach, reach + width),
+        )
+        dk, dv = dkp[inner].reshape(B, H, N, d), dvp[inner].reshape(B, H, N, d)
+        grad_bias = None
+        if d_bias is not None:
+            full = torch.stack(d_bias, dim=-1).reshape(B, H, N, -1)  # (B, H, N, K)
+            dims = [i for i in range(3) if bias.shape[i] == 1 and full.shape[i] != 1]
+            grad_bias = full.sum(dim=dims, keepdim=True) if dims else full
+        grad_q = dq.reshape(B, H, N, d) if ctx.needs_input_grad[0] else None
+        return grad_q, dk, dv, grad_bias, None, None, None, None, None
+
+
+def _grid_bias(bias: Tensor, height: int, width: int) -> Tensor:
+    """``(B|1, H|1, N|1, K)`` -> ``(B|1, H|1, h|1, w|1, K)``, broadcasting over the grid."""
+    b, h, n, k = bias.shape
+    if n == 1:
+        return bias.reshape(b, h, 1, 1, k)
+    return bias.reshape(b, h, height, width, k)
+
+
+def slot_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    offsets: Tensor,
+    valid: Tensor,
+    scale: float,
+    height: int,
+    width: int,
+    bias: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Output ``(B, H, N, d)`` and log-sum-exp ``(B, H, N)`` of ``N = height * width`` patch
+    queries (row-major) over their ``K`` slots at ``offsets`` ``(K, 2)`` (query minus key),
+    those with ``valid`` ``(N, K)`` False left out; ``bias`` ``(B|1, H|1, N|1, K)`` is added to
+    the slots' logits."""
+    return _SlotAttention.apply(q, k, v, bias, offsets, valid, scale, height, width)
