@@ -232,3 +232,43 @@ def test_axes_out_of_range_is_a_usage_error(axes):
 def test_positions_with_another_axis_count_are_a_usage_error():
     with pytest.raises(UsageError, match="do not have 3 axes"):
         RelativeND(axes=3).map_ids(grid_positions(2, 2), grid_positions(2, 2))
+
+
+# --- text: one axis in the text model ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode,on", [("bias", "qk"), ("contextual", "qkv")])
+def test_a_text_model_takes_it_and_stays_causal(mode, on):
+    """irpe_nd with one axis in the causal LM: a later token never changes an earlier logit."""
+    from posenc_cli.models.text import TextModel
+
+    torch.manual_seed(0)
+    model = TextModel(kind="lm", vocab_size=11, dim=16, depth=1, heads=2, encoding="irpe_nd",
+                      encoding_params={"axes": 1, "mode": mode, "on": on}).double()  # fmt: skip
+    for m in model.modules():  # iRPE's zero tables would hide a term reading the future
+        if isinstance(m, RelativeND):
+            for p in m.parameters():
+                torch.nn.init.normal_(p, std=0.5)
+    tokens = torch.randint(0, 11, (2, 12))
+    changed = tokens.clone()
+    changed[:, 8:] = (changed[:, 8:] + 1) % 11
+    before, after = model(tokens).logits, model(changed).logits
+    assert torch.allclose(before[:, :8], after[:, :8]) and not torch.allclose(before, after)
+
+
+def test_a_long_causal_sequence_takes_the_blocked_path_exactly():
+    """Past 512 keys the content-free bias is asked one block of queries at a time (it is not
+    a 1D distance table: negative distances would read as prefix tokens)."""
+    enc = build(axes=1, mode="bias", on="qk")
+    assert enc.content_free and not enc.toeplitz
+    att = Attention(DIM, HEADS, enc, causal=True).double()
+    n = 600
+    pos, x = torch.arange(n), rand(1, n, DIM)
+    s = HEAD_DIM**-0.5
+    q = att.split_heads(att.q(x))
+    k, v = (att.split_heads(t) for t in att.kv(x).chunk(2, -1))
+    logits = torch.einsum("bhid,bhjd->bhij", q, k) * s + enc.bias(q, k, pos, pos)
+    logits = logits.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    out = torch.einsum("bhij,bhjd->bhid", logits.softmax(-1), v)
+    want = att.proj(out.transpose(1, 2).reshape(1, n, DIM))
+    assert_close(att(x, positions=pos), want, **TIGHT)

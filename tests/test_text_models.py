@@ -296,7 +296,7 @@ def test_build_errors():
             SimpleNamespace(name="rope", params={}),
             SimpleNamespace(kind="lm", vocab_size=5, num_classes=0),
         )
-    with pytest.raises(UsageError, match="1D encoding"):
+    with pytest.raises(UsageError, match="a text model takes 1D or N-D encodings"):
         build("rope2d")
     with pytest.raises(UsageError, match="no parameter"):
         build("t5", num_bucket=8)

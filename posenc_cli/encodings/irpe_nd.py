@@ -113,6 +113,12 @@ class RelativeND(ImageRPE):
         self.maps = tuple(f"axis{a}" for a in range(axes)) if method == "cross" else ("",)
         self.tables = self.zero_tables()
 
+    @property
+    def toeplitz(self) -> bool:
+        """False: its bias is a function of the offset, but a 1D distance table would pass
+        negative "positions", which read as prefix tokens here."""
+        return False
+
     def extra_repr(self) -> str:
         return f"axes={self.axes}, " + super().extra_repr()
 

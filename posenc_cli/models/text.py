@@ -85,7 +85,7 @@ class TextModel(nn.Module):
     ) -> None:
         super().__init__()
         check_model_args(kind, vocab_size, num_classes, dim, depth, heads, mem_len)
-        refuse_dims(encoding, (1,), "a text model")
+        refuse_dims(encoding, (1, 3), "a text model")  # N-D ones read (N,) on every axis
         self.kind: Kind = kind
         self.mem_len = mem_len
         causal = kind == "lm"

@@ -18,7 +18,7 @@ from posenc_cli.errors import UsageError
 from posenc_cli.params import bounded, close_match
 
 DEFAULT_ENCODING = "rope"
-ENCODING_DIMS = (1,)  # sequences only
+ENCODING_DIMS = (1, 3)  # sequences; N-D encodings put each token at its index on every axis
 Error = Callable[[str, str], UsageError]  # (dotted key, problem) -> the one-line error
 
 
