@@ -28,16 +28,24 @@ def shifted(padded: Tensor, reach: int, offset: tuple[int, int], height: int, wi
     return padded[:, :, reach - a : reach - a + height, reach - b : reach - b + width]
 
 
+def grids(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, height: int, width: int):
+    """``(offsets as pairs, reach, q on the grid, k and v on the grid padded by reach)``, the
+    grids ``shifted`` takes views of; ``(B, H, N, d)`` in, ``(B, H, h(+2r), w(+2r), d)`` out."""
+    B, H, _, d = q.shape
+    offs = [(int(a), int(b)) for a, b in offsets.tolist()]
+    reach = max((max(abs(a), abs(b)) for a, b in offs), default=0)
+    pad = (0, 0, reach, reach, reach, reach)
+    q5 = q.reshape(B, H, height, width, d)
+    kp = F.pad(k.reshape(B, H, height, width, d), pad)
+    vp = F.pad(v.reshape(B, H, height, width, d), pad)
+    return offs, reach, q5, kp, vp
+
+
 class _SlotAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, offsets, valid, scale, height, width):
         B, H, N, d = q.shape
-        offs = [tuple(o) for o in offsets.tolist()]
-        reach = max((max(abs(a), abs(b)) for a, b in offs), default=0)
-        pad = (0, 0, reach, reach, reach, reach)
-        q5 = q.reshape(B, H, height, width, d)
-        kp = F.pad(k.reshape(B, H, height, width, d), pad)
-        vp = F.pad(v.reshape(B, H, height, width, d), pad)
+        offs, reach, q5, kp, vp = grids(q, k, v, offsets, height, width)
         mask = valid.reshape(height, width, -1)
         bias5 = None if bias is None else _grid_bias(bias, height, width)
         neg = torch.tensor(float("-inf"), dtype=q.dtype, device=q.device)
@@ -67,12 +75,7 @@ class _SlotAttention(torch.autograd.Function):
         q, k, v, bias, out, lse, offsets, valid = ctx.saved_tensors
         scale, height, width = ctx.scale, ctx.height, ctx.width
         B, H, N, d = q.shape
-        offs = [tuple(o) for o in offsets.tolist()]
-        reach = max((max(abs(a), abs(b)) for a, b in offs), default=0)
-        pad = (0, 0, reach, reach, reach, reach)
-        q5 = q.reshape(B, H, height, width, d)
-        kp = F.pad(k.reshape(B, H, height, width, d), pad)
-        vp = F.pad(v.reshape(B, H, height, width, d), pad)
+        offs, reach, q5, kp, vp = grids(q, k, v, offsets, height, width)
         mask = valid.reshape(height, width, -1)
         bias5 = None if bias is None else _grid_bias(bias, height, width)
         d_out = grad_out.reshape(B, H, height, width, d)

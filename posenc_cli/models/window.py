@@ -39,12 +39,11 @@ from collections.abc import Callable
 from functools import lru_cache
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from posenc_cli.encodings.base import PositionEncoding, grid_shape
 from posenc_cli.errors import UsageError
-from posenc_cli.kernels.slot_attention import shifted, slot_attention
+from posenc_cli.kernels.slot_attention import grids, shifted, slot_attention
 
 
 def _square(window: int, spacing: int, device=None) -> Tensor:
@@ -148,13 +147,8 @@ def explicit_slots(
     takes weights ``(B, H, N, K)`` to ``sum_s a_s v_s`` ``(B, H, N, d)``; for the value-term
     path, which needs the weights themselves."""
     B, H, N, d = q.shape
-    offs = [tuple(o) for o in offsets.tolist()]
-    reach = max((max(abs(a), abs(b)) for a, b in offs), default=0)
-    pad = (0, 0, reach, reach, reach, reach)
-    q5 = q.reshape(B, H, height, width, d)
-    kp = F.pad(k.reshape(B, H, height, width, d), pad)
-    vp = F.pad(v.reshape(B, H, height, width, d), pad)
-    dots = [(q5 * shifted(kp, reach, o, height, width)).sum(-1) for o in offs]
+    offs, reach, q5, kp, vp = grids(q, k, v, offsets, height, width)
+    dots = [torch.linalg.vecdot(q5, shifted(kp, reach, o, height, width)) for o in offs]
     logits = torch.stack(dots, dim=-1).reshape(B, H, N, len(offs))
 
     def weigh(attn: Tensor) -> Tensor:
