@@ -450,3 +450,26 @@ def test_gradient_reaches_irpe_breakpoints_and_windows_agree(method, mode):
     windowed = Attention(8, 2, enc, window=11).double()
     windowed.load_state_dict(learned.state_dict())
     torch.testing.assert_close(windowed(x, positions=pos), out, atol=1e-10, rtol=1e-10)
+
+
+def test_the_text_model_tells_auto_its_trained_length():
+    """No train_length in the recipe: the text model passes the longest trained sequence in
+    tokens (an LM segment of 64 characters: 64; a copy problem of 10 symbols: BOS, 10, SEP, 10,
+    EOS = 23), and the user's own value still wins."""
+    from posenc_cli.config import load_recipe
+    from posenc_cli.data import build_task
+    from posenc_cli.models.text import build_text_model
+
+    def built(*overrides):
+        recipe = load_recipe("quickstart", ["sweep=null", "encoding.name=t5", *overrides])
+        task = build_task(recipe.data)
+        return build_text_model(recipe.model, recipe.encoding, task, recipe.data).encoding
+
+    lm = built("data.task=text", "data.train_lengths=[64,64]", "encoding.max_distance=auto")
+    assert lm.train_length == 64 and lm.max_distance == 32  # max(ceil(64 / 4), 2 * 16)
+    copy = built("data.train_lengths=[3,10]", "encoding.max_distance=auto")
+    assert copy.train_length == 23
+    own = built(
+        "data.train_lengths=[3,10]", "encoding.max_distance=auto", "encoding.train_length=200"
+    )
+    assert own.train_length == 200 and own.max_distance == 50

@@ -116,6 +116,10 @@ class AlgorithmicTask:
     def input_length(self, n: int) -> int:
         return n
 
+    def tokens(self, n: int) -> int:
+        """Tokens of one problem of size n, BOS, SEP and EOS included."""
+        return self.layout(n).length
+
     def output_length(self, n: int) -> int:
         return n
 

@@ -50,6 +50,8 @@ class Task(Protocol):
         self, batch_size: int, length: int, generator: torch.Generator, split: Split
     ) -> Batch: ...
 
+    def tokens(self, length: int) -> int: ...  # tokens in one sequence of problem size length
+
 
 def length_range(value: Sequence[int], minimum: int) -> tuple[int, int]:
     """``data.train_lengths`` as an inclusive ``(lo, hi)``; a UsageError names the key."""

@@ -132,6 +132,10 @@ class TextTask:
             )
         self.splits = {"train": ids[:cut], "test": ids[cut:]}  # views, (N_train,), (N_val,)
 
+    def tokens(self, length: int) -> int:
+        """A segment of ``length`` characters is ``length`` tokens."""
+        return length
+
     @classmethod
     def from_config(cls, cfg: Any) -> TextTask:
         return cls(corpus=cfg.corpus, val_fraction=cfg.val_fraction)

@@ -50,6 +50,10 @@ class WordOrder:
         self.vocab_size = FILLER_OFFSET + vocab
         self.train_lengths = length_range(train_lengths, minimum=2)
 
+    def tokens(self, length: int) -> int:
+        """A sequence of ``length`` words is ``length`` tokens."""
+        return length
+
     @classmethod
     def from_config(cls, cfg: Any) -> WordOrder:
         return cls(vocab=cfg.vocab, train_lengths=tuple(cfg.train_lengths))

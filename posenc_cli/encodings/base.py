@@ -59,6 +59,8 @@ class BackboneFacts:
     width: int | None = None
     prefix_tokens: int | None = None  # class / distillation tokens before the grid
     length: int | None = None  # a 1D table's positions (learned)
+    # the longest sequence trained on, in tokens: what an 'auto' range derives from (T5, Shaw)
+    train_length: int | None = None
 
     def for_encoding(self, cls: type, params: dict[str, Any]) -> dict[str, Any]:
         """The constructor's arguments: the facts it names, then ``params`` over the geometry."""

@@ -82,6 +82,7 @@ class TextModel(nn.Module):
         attention: str = "softmax",
         encoding: str = "none",
         encoding_params: dict[str, Any] | None = None,
+        train_length: int | None = None,
     ) -> None:
         super().__init__()
         check_model_args(kind, vocab_size, num_classes, dim, depth, heads, mem_len)
@@ -91,7 +92,7 @@ class TextModel(nn.Module):
         causal = kind == "lm"
         params = dict(encoding_params or {})
 
-        facts = BackboneFacts(dim=dim, heads=heads, causal=causal)
+        facts = BackboneFacts(dim=dim, heads=heads, causal=causal, train_length=train_length)
         args = facts.for_encoding(encoding_class(encoding), params)
 
         def make() -> PositionEncoding:
@@ -207,8 +208,14 @@ def check_model_args(
         raise UsageError(f"a classification task needs >= 2 classes, got {num_classes}")
 
 
-def build_text_model(model: Any, encoding: Any, task: Any) -> TextModel:
-    """Build from a ``ModelConfig``, an ``EncodingConfig`` and a ``Task`` (read by attribute)."""
+def build_text_model(model: Any, encoding: Any, task: Any, data: Any = None) -> TextModel:
+    """Build from a ``ModelConfig``, an ``EncodingConfig`` and a ``Task`` (read by attribute);
+    with the ``data`` section, encodings also learn the longest trained sequence in tokens
+    (``train_length``, which 'auto' ranges derive from)."""
+    train_length = None
+    if data is not None:  # randomized positions spread a sequence over their whole span
+        span = getattr(model, "random_positions", 0) or 0
+        train_length = max(task.tokens(max(data.train_lengths)), span)
     return TextModel(
         kind=task.kind,
         vocab_size=task.vocab_size,
@@ -222,4 +229,5 @@ def build_text_model(model: Any, encoding: Any, task: Any) -> TextModel:
         attention=getattr(model, "attention", "softmax"),
         encoding=encoding.name,
         encoding_params=encoding.params,
+        train_length=train_length,
     )

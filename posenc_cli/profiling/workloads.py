@@ -228,7 +228,7 @@ class RecipeWorkload:
         if encoding != recipe.encoding.name:
             recipe = load_recipe(recipe.source, [*self.overrides, f"encoding.name={encoding}"])
         task = build_task(recipe.data)
-        model = build_text_model(recipe.model, recipe.encoding, task)
+        model = build_text_model(recipe.model, recipe.encoding, task, recipe.data)
         return TextSubject(model, task.vocab_size)
 
 

@@ -31,7 +31,7 @@ def eval_name(shift: int) -> str:
 def load_run(run_dir: Path, overrides: list[str] = ()) -> tuple[Recipe, torch.nn.Module, Any]:
     recipe = load_recipe(recipe_file(run_dir), list(overrides))
     task = build_task(recipe.data)
-    model = build_text_model(recipe.model, recipe.encoding, task)
+    model = build_text_model(recipe.model, recipe.encoding, task, recipe.data)
     load_run_weights(run_dir, model)
     return recipe, model, task
 

@@ -198,14 +198,16 @@ def check_random_positions(recipe: Any, error: Error) -> None:
 
 def build_encoding_once(recipe: Any) -> None:
     """Build the recipe's encoding as the text model would, to check its parameters."""
-    from posenc_cli.encodings import build_encoding
+    from posenc_cli.encodings import build_encoding, encoding_class
+    from posenc_cli.encodings.base import BackboneFacts
 
     model, encoding = recipe.model, recipe.encoding
-    build_encoding(
-        encoding.name,
-        dim=model.dim,
-        heads=model.heads,
-        head_dim=model.dim // model.heads,
-        causal=_causal(recipe.data.task),
-        **encoding.params,
-    )
+    # the longest trained size stands in for its length in tokens, which the model computes
+    # from the task (reading a corpus here would slow every recipe load); any positive length
+    # validates an 'auto' range the same way
+    facts = BackboneFacts(
+        dim=model.dim, heads=model.heads, causal=_causal(recipe.data.task),
+        train_length=max(recipe.data.train_lengths),
+    )  # fmt: skip
+    cls = encoding_class(encoding.name)
+    build_encoding(encoding.name, **facts.for_encoding(cls, dict(encoding.params)))

@@ -119,7 +119,7 @@ def train(
         write_recipe(out, recipe)
     task = build_task(recipe.data)
     torch.manual_seed(recipe.seed)
-    model = build_text_model(recipe.model, recipe.encoding, task).to(device)
+    model = build_text_model(recipe.model, recipe.encoding, task, recipe.data).to(device)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98)
     )
