@@ -32,6 +32,7 @@ def list_command(
     Example: posenc list --format json
     """
     from posenc_cli.catalog import describe_all
+    from posenc_cli.encodings import dims_name
 
     rows = describe_all()
     if format is Format.json:
@@ -45,7 +46,7 @@ def list_command(
         table.add_row(
             row["name"],
             row["family"],
-            f"{row['dims']}D",
+            dims_name(row["dims"]),
             params,
             "yes" if row["extrapolates"] else "no",
             "yes" if row["fused"] else "no (value term)",

@@ -79,6 +79,11 @@ AXES = {1: "a 1D encoding, for sequences", 2: "a 2D encoding, for image grids",
         3: "an N-D encoding, for any number of axes"}  # fmt: skip
 
 
+def dims_name(dims: int) -> str:
+    """``1D``, ``2D``, or ``N-D`` for the encodings of any number of axes (``dims`` 3)."""
+    return f"{dims}D" if dims < 3 else "N-D"
+
+
 def refuse_dims(name: str, dims: tuple[int, ...], model: str, also: tuple[str, ...] = ()) -> None:
     """The one check that an encoding fits a model: its ``dims`` among ``dims`` (or its name in
     ``also``), else a UsageError that says what it is and lists what ``model`` takes."""
@@ -86,7 +91,7 @@ def refuse_dims(name: str, dims: tuple[int, ...], model: str, also: tuple[str, .
     if cls.dims in dims or name in also:
         return
     valid = [n for n, c in ENCODINGS.items() if c.dims in dims or n in also]
-    kinds = " or ".join(f"{d}D" if d < 3 else "N-D" for d in dims)
+    kinds = " or ".join(dims_name(d) for d in dims)
     raise UsageError(
         f"encoding {name!r} is {AXES[cls.dims]}; {model} takes {kinds} encodings: "
         f"{', '.join(valid)}"

@@ -7,6 +7,7 @@ from typing import Any
 
 from rich.table import Table
 
+from posenc_cli.encodings import dims_name
 from posenc_cli.report.article import FAMILY, ROWS, TABLE
 
 
@@ -53,7 +54,7 @@ def row_cells(report: dict[str, Any], row: dict[str, Any]) -> list[str]:
     d = row["diverged"]
     cells.append(f"{d['diverged']}/{d['runs']}" if d["runs"] else "-")
     cells += [str(row["implementation"]["lines"]), row["implementation"]["attention"]]
-    mine = f"{row['multimodal']['dims'][0]}D"
+    mine = dims_name(row["multimodal"]["dims"][0])
     other = row["multimodal"]["counterpart"]
     cells.append(f"{mine} ({other})" if other else mine)
     return cells
