@@ -234,3 +234,13 @@ def test_a_captions_recipe_trains_evaluates_and_refuses_mixup(capsys, tmp_path):
     path.write_text(yaml.safe_dump(tree))
     code, _, err = run(capsys, "train", str(path), "--out", str(tmp_path / "mixed"))
     assert code == 2 and "a caption belongs to one" in err
+
+
+def test_sample_grids_draw_clips_spectrograms_and_captioned_scenes(tmp_path):
+    from posenc_cli.data.images import sample_grid
+    from posenc_cli.data.images.captions import CaptionedScenes
+
+    for name, data in [("motion", MotionClips(4, 16, 4, 0, "val")),
+                       ("chirps", ChirpSpectrograms(4, 32, 0, "val")),
+                       ("captions", CaptionedScenes(4, 32, 0, "val"))]:  # fmt: skip
+        assert sample_grid(data, 4, tmp_path / f"{name}.png").stat().st_size > 0

@@ -318,7 +318,8 @@ def sample_grid(
 
     Each image is rescaled to [0, 1] by its own min and max, which undoes any per-data-set
     normalisation with one std for all channels (digits, direction) and is close otherwise.
-    Labels are written as ``class_names[y]``, else the data set's ``classes``, else the number.
+    Labels are written as ``class_names[y]``, else the data set's ``classes``, else the number;
+    a captioned item's words (from the data set's ``words``) come first.
     """
     import matplotlib
 
@@ -336,13 +337,17 @@ def sample_grid(
         if k >= n:
             continue
         image, label = dataset[k]
+        caption = ""
+        if isinstance(image, tuple):  # a captioned item: (image, word ids)
+            image, words = image
+            caption = " ".join(dataset.words[int(w)] for w in words) + ": "
         low, high = image.min(), image.max()
         shown = ((image - low) / (high - low).clamp_min(1e-8)).permute(1, 2, 0)  # (H, W, C)
         if shown.shape[-1] == 1:
             ax.imshow(shown[..., 0].numpy(), cmap="gray", interpolation="nearest")
         else:
             ax.imshow(shown.numpy(), interpolation="nearest")
-        ax.set_title(names[label] if names is not None else str(label), fontsize=9)
+        ax.set_title(caption + (names[label] if names is not None else str(label)), fontsize=9)
     if title is not None:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()

@@ -41,6 +41,7 @@ class CaptionedScenes(ProceduralImages):
     """``count`` (scene, caption) pairs of one split: items ``((image, word ids), label)``."""
 
     classes = CLASSES
+    words = WORDS
     name = "captions"
 
     def __init__(self, count, image_size, seed, split, transform=None) -> None:
