@@ -14,7 +14,7 @@ from posenc_cli.tasks.text.schema import DataConfig, EvalConfig, ModelConfig, Tr
 
 @dataclass
 class EncodingConfig:
-    name: str = "rope"  # registry name; 1D encodings only
+    name: str = "rope"  # registry name; the task says which dims it takes (ENCODING_DIMS)
     params: dict[str, Any] = field(default_factory=dict)  # only the ones set; defaults elsewhere
 
 
