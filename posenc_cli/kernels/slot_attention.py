@@ -22,10 +22,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def shifted(padded: Tensor, reach: int, offset: tuple[int, int], height: int, width: int):
-    """The key of every query at one slot: a ``(B, H, h, w, d)`` view of the padded grid."""
+def shifted(padded: Tensor, reach: int, offset: tuple[int, int], rows: slice, width: int):
+    """The key of every query of grid rows ``rows`` at one slot: a ``(B, H, r, w, d)`` view of
+    the grid padded by ``reach``."""
     a, b = offset
-    return padded[:, :, reach - a : reach - a + height, reach - b : reach - b + width]
+    return padded[
+        :, :, reach - a + rows.start : reach - a + rows.stop, reach - b : reach - b + width
+    ]
 
 
 def grids(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, height: int, width: int):
@@ -41,6 +44,18 @@ def grids(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, height: int, width: 
     return offs, reach, q5, kp, vp
 
 
+# Grid rows are taken a band at a time, each band's queries through every slot before the next:
+# a whole 128 x 128 grid's (B, H, h, w, d) tensors are tens of MB, and streaming all of them once
+# per slot made the time per patch grow sevenfold from 32 x 32 to 128 x 128 patches.
+BAND_ELEMENTS = 1 << 18  # about 1 MB of float32 per (B, H, rows, w, d) band of queries
+
+
+def row_bands(q5: Tensor) -> list[slice]:
+    B, H, height, width, d = q5.shape
+    rows = max(1, BAND_ELEMENTS // (B * H * width * d))
+    return [slice(r, min(r + rows, height)) for r in range(0, height, rows)]
+
+
 class _SlotAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, offsets, valid, scale, height, width):
@@ -49,23 +64,27 @@ class _SlotAttention(torch.autograd.Function):
         mask = valid.reshape(height, width, -1)
         bias5 = None if bias is None else _grid_bias(bias, height, width)
         neg = torch.tensor(float("-inf"), dtype=q.dtype, device=q.device)
-        m = torch.full((B, H, height, width), float("-inf"), dtype=q.dtype, device=q.device)
-        total = torch.zeros_like(m)
-        acc = torch.zeros_like(q5)
-        for s, offset in enumerate(offs):
-            score = torch.linalg.vecdot(q5, shifted(kp, reach, offset, height, width)) * scale
-            if bias5 is not None:
-                score = score + bias5[..., s]
-            score = torch.where(mask[..., s], score, neg)
-            m_new = torch.maximum(m, score)
-            safe = torch.where(torch.isinf(m_new), 0.0, m_new)  # rows with nothing valid yet
-            rescale, p = torch.exp(m - safe), torch.exp(score - safe)
-            total = total * rescale + p
-            v_s = shifted(vp, reach, offset, height, width)
-            acc.mul_(rescale[..., None]).addcmul_(p[..., None], v_s)  # in place: O(N d) held
-            m = m_new
-        out = acc / torch.where(total > 0, total, 1.0)[..., None]
-        lse = torch.where(total > 0, m + torch.log(torch.where(total > 0, total, 1.0)), neg)
+        out, lse = torch.empty_like(q5), q5.new_empty(B, H, height, width)
+        for rows in row_bands(q5):
+            q_band = q5[:, :, rows]
+            m = torch.full(q_band.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
+            total, acc = torch.zeros_like(m), torch.zeros_like(q_band)
+            for s, offset in enumerate(offs):
+                k_s = shifted(kp, reach, offset, rows, width)
+                score = torch.linalg.vecdot(q_band, k_s) * scale
+                if bias5 is not None:
+                    score = score + _band(bias5, rows)[..., s]
+                score = torch.where(mask[rows, :, s], score, neg)
+                m_new = torch.maximum(m, score)
+                safe = torch.where(torch.isinf(m_new), 0.0, m_new)  # nothing valid yet
+                rescale, p = torch.exp(m - safe), torch.exp(score - safe)
+                total = total * rescale + p
+                v_s = shifted(vp, reach, offset, rows, width)
+                acc.mul_(rescale[..., None]).addcmul_(p[..., None], v_s)  # O(band d) held
+                m = m_new
+            kept = total > 0
+            out[:, :, rows] = acc / torch.where(kept, total, 1.0)[..., None]
+            lse[:, :, rows] = torch.where(kept, m + torch.log(torch.where(kept, total, 1.0)), neg)
         ctx.save_for_backward(q, k, v, bias, out, lse, offsets, valid)
         ctx.scale, ctx.height, ctx.width = scale, height, width
         return out.reshape(B, H, N, d), lse.reshape(B, H, N)
@@ -84,20 +103,27 @@ class _SlotAttention(torch.autograd.Function):
         row = (d_out * out).sum(-1) - d_lse  # FlashAttention's D, less the lse's own gradient
         dq = torch.zeros_like(q5)
         dkp, dvp = torch.zeros_like(kp), torch.zeros_like(vp)
-        d_bias = [] if bias is not None and ctx.needs_input_grad[3] else None
-        for s, offset in enumerate(offs):
-            k_s = shifted(kp, reach, offset, height, width)
-            v_s = shifted(vp, reach, offset, height, width)
-            score = torch.linalg.vecdot(q5, k_s) * scale
-            if bias5 is not None:
-                score = score + bias5[..., s]
-            p = torch.where(mask[..., s], torch.exp(score - finite_lse), 0.0)  # (B, H, h, w)
-            shifted(dvp, reach, offset, height, width).addcmul_(p[..., None], d_out)
-            ds = p * (torch.linalg.vecdot(d_out, v_s) - row)
-            if d_bias is not None:
-                d_bias.append(ds)
-            dq.addcmul_(ds[..., None], k_s, value=scale)
-            shifted(dkp, reach, offset, height, width).addcmul_(ds[..., None], q5, value=scale)
+        wants_bias = bias is not None and ctx.needs_input_grad[3]
+        d_bias = q5.new_zeros(B, H, height, width, len(offs)) if wants_bias else None
+        for rows in row_bands(q5):
+            q_band, d_band, lse_band, row_band = (
+                q5[:, :, rows], d_out[:, :, rows], finite_lse[:, :, rows], row[:, :, rows],
+            )  # fmt: skip
+            for s, offset in enumerate(offs):
+                k_s = shifted(kp, reach, offset, rows, width)
+                v_s = shifted(vp, reach, offset, rows, width)
+                score = torch.linalg.vecdot(q_band, k_s) * scale
+                if bias5 is not None:
+                    score = score + _band(bias5, rows)[..., s]
+                p = torch.where(mask[rows, :, s], torch.exp(score - lse_band), 0.0)
+                shifted(dvp, reach, offset, rows, width).addcmul_(p[..., None], d_band)
+                ds = p * (torch.linalg.vecdot(d_band, v_s) - row_band)
+                if d_bias is not None:
+                    d_bias[:, :, rows, :, s] = ds
+                dq[:, :, rows].addcmul_(ds[..., None], k_s, value=scale)
+                shifted(dkp, reach, offset, rows, width).addcmul_(
+                    ds[..., None], q_band, value=scale
+                )
         inner = (
             slice(None),
             slice(None),
@@ -107,11 +133,16 @@ class _SlotAttention(torch.autograd.Function):
         dk, dv = dkp[inner].reshape(B, H, N, d), dvp[inner].reshape(B, H, N, d)
         grad_bias = None
         if d_bias is not None:
-            full = torch.stack(d_bias, dim=-1).reshape(B, H, N, -1)  # (B, H, N, K)
+            full = d_bias.reshape(B, H, N, -1)  # (B, H, N, K)
             dims = [i for i in range(3) if bias.shape[i] == 1 and full.shape[i] != 1]
             grad_bias = full.sum(dim=dims, keepdim=True) if dims else full
         grad_q = dq.reshape(B, H, N, d) if ctx.needs_input_grad[0] else None
         return grad_q, dk, dv, grad_bias, None, None, None, None, None
+
+
+def _band(bias5: Tensor, rows: slice) -> Tensor:
+    """The rows of a grid bias, or all of it where it broadcasts over the grid."""
+    return bias5 if bias5.shape[2] == 1 else bias5[:, :, rows]
 
 
 def _grid_bias(bias: Tensor, height: int, width: int) -> Tensor:

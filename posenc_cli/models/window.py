@@ -148,14 +148,14 @@ def explicit_slots(
     path, which needs the weights themselves."""
     B, H, N, d = q.shape
     offs, reach, q5, kp, vp = grids(q, k, v, offsets, height, width)
-    dots = [torch.linalg.vecdot(q5, shifted(kp, reach, o, height, width)) for o in offs]
+    dots = [torch.linalg.vecdot(q5, shifted(kp, reach, o, slice(0, height), width)) for o in offs]
     logits = torch.stack(dots, dim=-1).reshape(B, H, N, len(offs))
 
     def weigh(attn: Tensor) -> Tensor:
         a5 = attn.reshape(B, H, height, width, len(offs))
         out = None
         for s, o in enumerate(offs):
-            term = a5[..., s : s + 1] * shifted(vp, reach, o, height, width)
+            term = a5[..., s : s + 1] * shifted(vp, reach, o, slice(0, height), width)
             out = term if out is None else out + term
         return out.reshape(B, H, N, d)
 
