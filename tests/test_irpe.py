@@ -17,7 +17,7 @@ from posenc_cli.encodings.base import grid_positions
 from posenc_cli.encodings.irpe import ImageRPE
 from posenc_cli.errors import UsageError
 from posenc_cli.models.attention import Attention
-from posenc_cli.models.window import slot_keys, slot_offsets, valid_slots
+from posenc_cli.models.window import slot_keys, slot_offsets
 
 TIGHT = {"atol": 1e-9, "rtol": 1e-9}
 DIM, HEADS, HEAD_DIM = 16, 2, 8
@@ -305,8 +305,8 @@ def test_window_hooks_equal_the_dense_hooks_at_the_same_pairs(method, mode, on, 
     N = len(pos)
     q, k = rand(2, HEADS, N, HEAD_DIM), rand(2, HEADS, N, HEAD_DIM, seed=1)
     offsets = slot_offsets(window)  # (K, 2), query minus key
-    valid = valid_slots(height, width, window)  # (N, K)
     keys = pos[:, None, :] - offsets[None]  # (N, K, 2): key = query - offset
+    valid = ((keys >= 0) & (keys < torch.tensor([height, width]))).all(-1)  # (N, K) on the grid
     key_rows, key_cols = keys[..., 0].clamp(0, height - 1), keys[..., 1].clamp(0, width - 1)
     key_index = key_rows * width + key_cols  # (N, K), clamped where the slot is off the grid
     rows = torch.arange(N)[:, None].expand_as(key_index)

@@ -7,12 +7,12 @@ over the slots (FlashAttention's running maximum and sum, Dao et al. 2022), so n
 ``(N, K)`` logits are held: the forward keeps ``O(N d)``; the backward recomputes each slot's
 probabilities from the saved log-sum-exp and adds its gradients into the padded grids in place.
 
-``slot_attention(q, k, v, offsets, valid, scale, bias=None)`` returns the output and the
-log-sum-exp of every query, ``(B, H, N, d)`` and ``(B, H, N)``; the log-sum-exp lets a caller
-join the slots with other keys (global tokens) exactly. ``bias`` is an optional additive logit
-term per slot, ``(B|1, H|1, N|1, K)``, which receives its gradient. Masked slots (``valid``
-False: off the grid, or a key counted elsewhere) take no weight; a query with no valid slot gets
-a zero output and a log-sum-exp of -inf.
+``slot_attention(q, k, v, offsets, valid, scale, height, width, bias=None)`` returns the output
+and the log-sum-exp of every query, ``(B, H, N, d)`` and ``(B, H, N)``; the log-sum-exp lets a
+caller join the slots with other keys (global tokens) exactly. ``bias`` is an optional additive
+logit term per slot, ``(B|1, H|1, N|1, K)``, which receives its gradient. Masked slots
+(``valid`` False: off the grid, or a key counted elsewhere) take no weight; a query with no valid
+slot gets a zero output and a log-sum-exp of -inf.
 """
 
 from __future__ import annotations

@@ -77,14 +77,6 @@ def slot_keys(height: int, width: int, offsets: Tensor) -> Tensor:
     return torch.where(on_grid, key_rows * width + key_cols, height * width)
 
 
-def valid_slots(
-    height: int, width: int, window: int, device=None, dilation: int = 1, stride: int | None = None
-) -> Tensor:
-    """True where a slot falls on the grid, ``(h*w, K)``."""
-    offsets = slot_offsets(window, device, dilation, stride)
-    return slot_keys(height, width, offsets) < height * width
-
-
 @lru_cache(maxsize=16)
 def slot_table(
     height: int,
