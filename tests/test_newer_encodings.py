@@ -230,6 +230,20 @@ def test_cope_is_its_gated_count_per_pair():
     )
 
 
+def test_cope_counts_alike_with_gaps_and_for_the_last_queries_alone():
+    """The running-sum form (consecutive positions) against the masked sum from the right
+    (positions with gaps), and the last queries of a longer context against the full square."""
+    enc = build("cope", npos_max=6)
+    q, k = qk(7, seed=3)
+    q = q * 3
+    causal = torch.ones(7, 7, dtype=torch.bool).tril()
+    square = enc.bias(q, k, torch.arange(7), torch.arange(7)) * causal
+    gapped = enc.bias(q, k, torch.arange(7) * 2, torch.arange(7) * 2) * causal
+    torch.testing.assert_close(square, gapped, atol=1e-12, rtol=0)
+    last = enc.bias(q[:, :, 4:], k, torch.arange(4, 7), torch.arange(7)) * causal[4:]
+    torch.testing.assert_close(last, square[:, :, 4:], atol=1e-12, rtol=0)
+
+
 def test_cope_counts_only_the_gated_keys():
     """A key the query gates shut (sigmoid ~ 0) adds nothing to the positions behind it."""
     enc = build("cope", npos_max=16)

@@ -21,10 +21,12 @@ Conventions:
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc_cli.encodings.base import PositionEncoding
 from posenc_cli.errors import UsageError
+from posenc_cli.kernels.positions import consecutive
 
 
 class CoPE(PositionEncoding):
@@ -54,17 +56,24 @@ class CoPE(PositionEncoding):
 
     def positions(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """The fractional positions ``p_ij`` ``(B, H, Nq, Nk)``, capped (0 for later keys)."""
-        allowed = k_pos[None, :] <= q_pos[:, None]  # (Nq, Nk)
-        gates = torch.sigmoid(q @ k.transpose(-2, -1) * self.logit_scale()) * allowed
-        # sum over t = j .. i: a cumulative sum from the right
-        counted = gates.flip(-1).cumsum(-1).flip(-1)
-        return counted.clamp(max=self.npos_max - 1)
+        gates = torch.sigmoid(q @ k.transpose(-2, -1) * self.logit_scale())
+        if consecutive(k_pos):
+            # with C the running sum over keys, p_ij = C_ii - C_ij + g_ij: no mask and no
+            # flips (each a pass over the logits). Later keys come out <= 0, clamped to 0.
+            running = gates.cumsum(-1)
+            own = running.diagonal(k.shape[-2] - q.shape[-2], -2, -1)  # C_ii, the query's key
+            counted = own[..., None] - running + gates
+        else:
+            allowed = k_pos[None, :] <= q_pos[:, None]  # (Nq, Nk)
+            # sum over t = j .. i: a cumulative sum from the right
+            counted = (gates * allowed).flip(-1).cumsum(-1).flip(-1)
+        return counted.clamp(0, self.npos_max - 1)
 
     def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         p = self.positions(q, k, q_pos, k_pos)
         z = q @ self.table.to(q.dtype).transpose(-2, -1)  # (B, H, Nq, npos_max)
+        step = F.pad(z.diff(dim=-1), (0, 1))  # z[p + 1] - z[p]; 0 at the cap, where frac is 0
         low = p.floor()
-        frac = p - low
-        low = low.long()
-        high = (low + 1).clamp(max=self.npos_max - 1)
-        return torch.gather(z, -1, low) * (1 - frac) + torch.gather(z, -1, high) * frac
+        index = low.long()
+        # e[p] blended between floor(p) and floor(p) + 1, both read with one index tensor
+        return torch.gather(z, -1, index) + (p - low) * torch.gather(step, -1, index)
