@@ -1,11 +1,13 @@
-"""What the training loops share: seeding, the data order and resuming from the last finished
-epoch (images, detection), the optimiser step (all three tasks) and the end-of-epoch log line."""
+"""The pieces the tasks' loop hooks are made of: the optimiser step (all three tasks), and for
+the epoch tasks (images, detection) the seeding, each epoch's data order, the batches from a
+step on, the end-of-epoch report with its log line and the progress bar's figures."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from posenc_cli.runs.checkpoint import load_checkpoint
-from posenc_cli.runs.directory import TrainingStopped, append_metrics, truncate_metrics
+from posenc_cli.runs.directory import TrainingStopped, append_metrics
 from posenc_cli.runs.distributed import World
 
 
@@ -58,20 +59,17 @@ def epoch_loader(
     )
 
 
-def resume_from(
-    last: Path, model, optimizer, world: World, log_path: Path, per_epoch: int
-) -> tuple[int, float, dict[str, Any]]:
-    """Load ``last`` into model and optimizer: ``(finished epochs, best score, the state)``;
-    ``(0, -inf, {})`` when there is nothing to resume. Log lines past it are dropped."""
-    if not last.is_file():
-        return 0, -math.inf, {}
-    state = load_checkpoint(last)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    epoch = int(state["epoch"])
-    if world.main:
-        truncate_metrics(log_path, epoch * per_epoch)
-    return epoch, float(state["best"]), state
+def epoch_batches(
+    loader: Callable[[int], Iterable[Any]], per_epoch: int
+) -> Callable[[int], Iterator[Any]]:
+    """The loop's ``batches`` hook for an epoch task: from a step on (an epoch's first step, where
+    an epoch task resumes), each epoch's loader in turn."""
+
+    def batches(first: int) -> Iterator[Any]:
+        for epoch in itertools.count(first // per_epoch):
+            yield from loader(epoch)
+
+    return batches
 
 
 def optimize(
@@ -105,3 +103,28 @@ def log_epoch(
     }
     append_metrics(log_path, row)
     return row
+
+
+def epoch_report(
+    score: Callable[[], tuple[dict[str, float], float]], optimizer, per_epoch: int, log_path: Path
+):
+    """The loop's ``report`` hook for an epoch task: ``score`` (validation figures, the score),
+    then the epoch's line with the throughput so far, validation included."""
+
+    def report(done: int, losses: list[float], per_second: Callable[[], float]):
+        val, value = score()
+        lr = optimizer.param_groups[0]["lr"]
+        row = log_epoch(log_path, done // per_epoch - 1, per_epoch, lr, losses, per_second(), val)
+        return row, value
+
+    return report
+
+
+def epoch_stats(score_name: str) -> Callable[[dict[str, Any], float], str]:
+    """The progress bar's figures after an epoch: ``score_name`` says what the score is."""
+
+    def stats(row: dict[str, Any], score: float) -> str:
+        figures = f"loss {row['train_loss']:.3f}  {score_name} {score:.1f}"
+        return f"{figures}  {row['images_per_s']:.0f} img/s"
+
+    return stats

@@ -1,11 +1,12 @@
-"""The detection training loop: a ``kind: detection`` recipe in, one run directory out.
+"""The detection task's training: a ``kind: detection`` recipe in, one run directory out.
 
 DETR's recipe at small scale: AdamW with the backbone at its own (lower) learning rate, a
 tenfold drop at ``train.lr_drop``, gradient clipping at 0.1, the Hungarian-matched set loss with
 auxiliary losses from every decoder layer. After every epoch the model is scored on the
-validation set with pycocotools' COCOeval; the best AP is kept in ``best.pt``. Checkpoints are
-taken at the end of every epoch and a stopped run resumes from there; shuffling and the flips
-are seeded from (seed, epoch), so a resumed run ends where the uninterrupted one does.
+validation set with pycocotools' COCOeval; the best AP is kept in ``best.pt``. The loop is the
+one every task runs (``runs/loop.py``), in periods of one epoch. Checkpoints are taken at the
+end of every epoch and a stopped run resumes from there; shuffling and the flips are seeded from
+(seed, epoch), so a resumed run ends where the uninterrupted one does.
 """
 
 from __future__ import annotations
@@ -20,11 +21,20 @@ from torch.utils.data import DataLoader
 
 from posenc_cli.config import Recipe
 from posenc_cli.runs import distributed
+from posenc_cli.runs.cadence import Cadence
 from posenc_cli.runs.checkpoint import atomic_write_json, save_checkpoint
 from posenc_cli.runs.device import pick_device
 from posenc_cli.runs.directory import last_metrics, prepare_directory, write_recipe
-from posenc_cli.runs.epoch_loop import EpochTask, run_epochs
-from posenc_cli.runs.epochs import epoch_loader, optimize, resume_from
+from posenc_cli.runs.epochs import (
+    epoch_batches,
+    epoch_loader,
+    epoch_report,
+    epoch_stats,
+    optimize,
+)
+from posenc_cli.runs.loop import TrainingHooks, no_score_yet, train_loop
+from posenc_cli.runs.resume import resume_from
+from posenc_cli.runs.schedule import step_decay
 from posenc_cli.tasks.detection.schema import model_options
 
 AP_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
@@ -142,7 +152,6 @@ def train_detection(
     model = build_detection_model(recipe, data.num_classes).to(device)
     groups = param_groups(model, cfg)
     optimizer = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
-    base_lrs = [g["lr"] for g in groups]
     criterion = SetCriterion(data.num_classes, HungarianMatcher(), eos_coef=cfg.eos_coef)
     # rank 0 scores alone: its loss must not wait for the other ranks
     scoring = SetCriterion(
@@ -150,67 +159,55 @@ def train_detection(
     )
     # train.batch_size is per process, as in DETR (4 per GPU)
     per_epoch = math.ceil(len(data.train) / (cfg.batch_size * world.size))
+    cadence = Cadence.epochs(cfg.epochs, per_epoch)
+    base_lrs = [g["lr"] for g in groups]
+    schedule = step_decay(optimizer, base_lrs, drop_at=cfg.lr_drop * per_epoch, factor=0.1)
 
     last, log_path = out / "last.pt", out / "metrics.jsonl"
-    start_epoch, best = 0, -math.inf
-    if resume:
-        start_epoch, best, _ = resume_from(last, model, optimizer, world, log_path, per_epoch)
+    start, best = 0, no_score_yet(lower_is_better=False)
+    resumed = resume_from(last, model, optimizer, world, log_path, cadence) if resume else None
+    if resumed is not None:
+        start, best = resumed.steps, resumed.best
     trainable = model
     if world.size > 1:
         trainable = torch.nn.parallel.DistributedDataParallel(model)
 
-    def checkpoint(path: Path, epoch: int, best: float) -> None:
-        if not world.main:
-            return
+    def checkpoint(path: Path, position: dict[str, int], best: float) -> None:
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
-        save_checkpoint(path, {**state, "epoch": epoch, "best": best})
+        save_checkpoint(path, {**state, **position, "best": best})
 
-    def begin_epoch(epoch: int) -> None:
-        factor = 0.1 if cfg.lr_drop and epoch >= cfg.lr_drop else 1.0
-        for group, lr in zip(optimizer.param_groups, base_lrs, strict=True):
-            group["lr"] = lr * factor
-        model.train()
-
-    def batches(epoch: int):
+    def loader(epoch: int):
         return epoch_loader(
             data.train, cfg.batch_size, world, recipe.seed, epoch, cfg.workers, False, collate
         )
 
-    def train_step(step: int, epoch: int, pair) -> tuple[float, int]:
+    def train_step(step: int, pair) -> tuple[float, int]:
         images, targets = pair
         outputs = trainable(images.to(device))
         loss = criterion(outputs, to_device(targets, device))["loss"]
 
         def stopped() -> str:
             return (
-                f"at step {step + 1}; the last good checkpoint (epoch {epoch}) is kept in "
-                f"{out}; lower train.lr"
+                f"at step {step + 1}; the last good checkpoint (epoch {step // per_epoch}) is "
+                f"kept in {out}; lower train.lr"
             )
 
         return optimize(loss, model, optimizer, cfg.grad_clip, stopped), len(images)
 
     def score() -> tuple[dict[str, float], float]:
-        val, _ = evaluate_detection(model, data, scoring, recipe, device)
+        val, _ = evaluate_detection(model, data, scoring, recipe, device)  # back in train mode
         return val, val.get("AP", 0.0)
 
-    best = run_epochs(
-        EpochTask(
-            batches=batches,
-            train_step=train_step,
-            score=score,
-            checkpoint=checkpoint,
-            optimizer=optimizer,
-            score_name="val AP",
-            begin_epoch=begin_epoch,
-        ),
-        out,
-        world,
-        cfg,
-        per_epoch,
-        start_epoch,
-        best,
-        console,
-        interrupt_at,
+    hooks = TrainingHooks(
+        batches=epoch_batches(loader, per_epoch),
+        train_step=train_step,
+        report=epoch_report(score, optimizer, per_epoch, log_path),
+        checkpoint=checkpoint,
+        stats=epoch_stats("val AP"),
+        schedule=schedule,
+    )
+    trained = train_loop(
+        hooks, cadence, out, world, start, best, console, cfg.tensorboard, interrupt_at
     )
     summary = {
         "recipe": recipe.source,
@@ -220,10 +217,10 @@ def train_detection(
         "sine": recipe.model.sine,
         "seed": recipe.seed,
         "epochs": cfg.epochs,
-        "steps": cfg.epochs * per_epoch,
+        "steps": cadence.total,
         "parameters": sum(p.numel() for p in model.parameters()),
         "encoding_parameters": model.encoding_parameters(),
-        "best_val_AP": best,
+        "best_val_AP": trained.best,
         "device": device.type,
         "world_size": world.size,
         "final": last_metrics(log_path) if world.main else {},

@@ -1,4 +1,4 @@
-"""The image training loop: a ``kind: image`` recipe in, one run directory out.
+"""The image task's training: a ``kind: image`` recipe in, one run directory out.
 
 DeiT's recipe with timm's parts: AdamW without weight decay on biases, norms, the class token
 and the position tables (``create_optimizer_v2`` reads the model's ``no_weight_decay``), the
@@ -6,15 +6,14 @@ cosine schedule with linear warm-up, updated every step (``CosineLRScheduler``),
 with label smoothing (``Mixup`` + ``SoftTargetCrossEntropy``) or plain label smoothing, drop path,
 and an optional EMA of the weights (``ModelEmaV3``), which is then the model scored and kept.
 
-Checkpoints are taken at the end of every epoch, and a stopped run resumes from there (the
-partial epoch is redone): every source of randomness (shuffling, augmentation, Mixup,
-drop path) is seeded from (seed, epoch), so a run stopped and resumed ends with the numbers of
-the uninterrupted run. Checkpoints and logs are written like the text runs' (``train.py``).
+The loop is the one every task runs (``runs/loop.py``), in periods of one epoch. Checkpoints
+are taken at the end of every epoch, and a stopped run resumes from there (the partial epoch is
+redone): every source of randomness (shuffling, augmentation, Mixup, drop path) is seeded from
+(seed, epoch), so a run stopped and resumed ends with the numbers of the uninterrupted run.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,11 +25,20 @@ from torch.utils.data import DataLoader
 from posenc_cli.config import Recipe
 from posenc_cli.errors import UsageError
 from posenc_cli.runs import distributed
+from posenc_cli.runs.cadence import Cadence
 from posenc_cli.runs.checkpoint import atomic_write_json, save_checkpoint
 from posenc_cli.runs.device import autocast, pick_device
 from posenc_cli.runs.directory import last_metrics, prepare_directory, write_recipe
-from posenc_cli.runs.epoch_loop import EpochTask, run_epochs
-from posenc_cli.runs.epochs import epoch_loader, optimize, resume_from
+from posenc_cli.runs.epochs import (
+    epoch_batches,
+    epoch_loader,
+    epoch_report,
+    epoch_stats,
+    optimize,
+)
+from posenc_cli.runs.loop import TrainingHooks, no_score_yet, train_loop
+from posenc_cli.runs.resume import resume_from
+from posenc_cli.runs.schedule import timm_cosine
 from posenc_cli.tasks.image.schema import model_overrides
 
 if TYPE_CHECKING:
@@ -136,7 +144,6 @@ def train_image(
     """Train an image recipe into ``out``; returns the summary. ``interrupt_at`` simulates a
     Ctrl-C before that global step (tests use it)."""
     from timm.optim import create_optimizer_v2
-    from timm.scheduler import CosineLRScheduler
     from timm.utils import ModelEmaV3
 
     from posenc_cli.data.images import build_image_data
@@ -160,44 +167,42 @@ def train_image(
             "use a multiple of the process count"
         )
     per_epoch = max(1, len(data.train) // batch)  # drop_last: Mixup needs full, even batches
-    total = cfg.epochs * per_epoch
-    scheduler = CosineLRScheduler(
+    cadence = Cadence.epochs(cfg.epochs, per_epoch)
+    schedule = timm_cosine(
         optimizer,
-        t_initial=total,
-        lr_min=cfg.min_lr,
-        warmup_t=cfg.warmup_epochs * per_epoch,
-        warmup_lr_init=min(1e-6, cfg.lr),
-        t_in_epochs=False,
+        total=cadence.total,
+        warmup=cfg.warmup_epochs * per_epoch,
+        min_lr=cfg.min_lr,
+        warmup_lr=min(1e-6, cfg.lr),
     )
     ema = ModelEmaV3(model, decay=cfg.ema_decay) if cfg.ema else None
     mixup, criterion = make_criterion(cfg, data.num_classes)
     val_loader = DataLoader(data.val, batch_size=recipe.eval.batch_size, num_workers=cfg.workers)
 
     last, log_path = out / "last.pt", out / "metrics.jsonl"
-    start_epoch, best = 0, -math.inf
-    if resume:
-        start_epoch, best, state = resume_from(last, model, optimizer, world, log_path, per_epoch)
-        if ema is not None and state.get("ema"):
-            ema.module.load_state_dict(state["ema"])
+    start, best = 0, no_score_yet(lower_is_better=False)
+    resumed = resume_from(last, model, optimizer, world, log_path, cadence) if resume else None
+    if resumed is not None:
+        start, best = resumed.steps, resumed.best
+        if ema is not None and resumed.state.get("ema"):
+            ema.module.load_state_dict(resumed.state["ema"])
     trainable = model
     if world.size > 1:
         trainable = torch.nn.parallel.DistributedDataParallel(model)
 
-    def checkpoint(path: Path, epoch: int, best: float) -> None:
-        if not world.main:
-            return
+    def checkpoint(path: Path, position: dict[str, int], best: float) -> None:
         save_checkpoint(
             path,
             {
                 "model": model.state_dict(),
                 "optimizer": optimizer.state_dict(),
                 "ema": None if ema is None else ema.module.state_dict(),
-                "epoch": epoch,
+                **position,
                 "best": best,
             },
         )
 
-    def batches(epoch: int):
+    def loader(epoch: int):
         return epoch_loader(
             data.train,
             batch // world.size,
@@ -208,7 +213,7 @@ def train_image(
             drop_last=True,  # Mixup needs full, even batches
         )
 
-    def train_step(step: int, epoch: int, pair) -> tuple[float, int]:
+    def train_step(step: int, pair) -> tuple[float, int]:
         inputs, labels = model_inputs(pair[0], device), pair[1].to(device)
         if mixup is not None:  # images alone: a captioned set refuses Mixup and CutMix
             images, labels = mixup(inputs[0], labels)
@@ -218,39 +223,31 @@ def train_image(
 
         def stopped() -> str:
             return (
-                f"at step {step + 1}; the last good checkpoint (epoch {epoch}) is kept "
-                f"in {out}; lower train.lr or set train.grad_clip"
+                f"at step {step + 1}; the last good checkpoint (epoch {step // per_epoch}) is "
+                f"kept in {out}; lower train.lr or set train.grad_clip"
             )
 
         value = optimize(loss, model, optimizer, cfg.grad_clip, stopped)
-        scheduler.step_update(step + 1)
         if ema is not None:
             ema.update(model, step=step)
         return value, len(labels)
 
     def score() -> tuple[dict[str, float], float]:
         val = evaluate_images(scored, val_loader, device)
+        model.train()  # scoring left it in eval mode (without EMA it is the model scored)
         return val, val["top1"]
 
     scored = model if ema is None else ema.module
-    best = run_epochs(
-        EpochTask(
-            batches=batches,
-            train_step=train_step,
-            score=score,
-            checkpoint=checkpoint,
-            optimizer=optimizer,
-            score_name="val top-1 %",
-            begin_epoch=lambda epoch: model.train(),
-        ),
-        out,
-        world,
-        cfg,
-        per_epoch,
-        start_epoch,
-        best,
-        console,
-        interrupt_at,
+    hooks = TrainingHooks(
+        batches=epoch_batches(loader, per_epoch),
+        train_step=train_step,
+        report=epoch_report(score, optimizer, per_epoch, log_path),
+        checkpoint=checkpoint,
+        stats=epoch_stats("val top-1 %"),
+        schedule=schedule,
+    )
+    trained = train_loop(
+        hooks, cadence, out, world, start, best, console, cfg.tensorboard, interrupt_at
     )
     summary = {
         "recipe": recipe.source,
@@ -260,10 +257,10 @@ def train_image(
         "dataset": recipe.data.dataset,
         "seed": recipe.seed,
         "epochs": cfg.epochs,
-        "steps": total,
+        "steps": cadence.total,
         "parameters": sum(p.numel() for p in model.parameters()),
         "encoding_parameters": model.encoding_parameters(),
-        "best_val_top1": best,
+        "best_val_top1": trained.best,
         "image_size": data.image_size,
         "device": device.type,
         "world_size": world.size,

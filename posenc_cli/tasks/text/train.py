@@ -1,15 +1,17 @@
-"""The training loop: one recipe in, one run directory out.
+"""The text task's training: one recipe in, one run directory out.
 
-Every source of randomness is derived from (seed, rank, step), so a run resumed from its last
-checkpoint draws the same batches and dropout masks as the uninterrupted run and ends with the
-same numbers. Checkpoints (``last.pt``, ``best.pt``) are written atomically; ``metrics.jsonl``
-gets one line per log; ``summary.json`` is written at the end.
+The loop is the one every task runs (``runs/loop.py``); this module gives it the text hooks:
+the batch of each step, the forward pass with Transformer-XL memory carried between steps, a
+report every ``train.eval_every`` steps (training figures, validation at the longest trained
+length), checkpoints that also hold the memory, and the early stop at ``train.stop_at``. Every
+source of randomness is derived from (seed, rank, step), so a run resumed from a checkpoint
+at any step draws the same batches and dropout masks as the uninterrupted run and ends with the
+same numbers; that is why a stopped text run saves where it stopped.
 """
 
 from __future__ import annotations
 
-import math
-import time
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,28 +25,16 @@ from posenc_cli.metrics import Tally
 from posenc_cli.models.positions import random_positions
 from posenc_cli.models.text import build_text_model
 from posenc_cli.runs import distributed
+from posenc_cli.runs.cadence import Cadence
 from posenc_cli.runs.checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
-from posenc_cli.runs.curves import Curves
 from posenc_cli.runs.device import autocast, pick_device
-from posenc_cli.runs.directory import (
-    append_metrics,
-    last_metrics,
-    prepare_directory,
-    truncate_metrics,
-    write_recipe,
-)
+from posenc_cli.runs.directory import append_metrics, last_metrics, prepare_directory, write_recipe
 from posenc_cli.runs.epochs import optimize
-from posenc_cli.runs.progress import progress_bar
+from posenc_cli.runs.loop import TrainingHooks, no_score_yet, train_loop
+from posenc_cli.runs.resume import resume_from
+from posenc_cli.runs.schedule import warmup_cosine
 
 EVAL_SEED = 20_000_000  # evaluation batches are the same for every run and every encoding
-
-
-def lr_factor(step: int, warmup: int, total: int) -> float:
-    """Linear warm-up to 1, then cosine to 0 at ``total``."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
 
 def step_generator(seed: int, rank: int, step: int) -> torch.Generator:
@@ -113,7 +103,6 @@ def train(
     cfg = recipe.train
     device = pick_device(cfg.device)
     world = distributed.start(device)
-    last, best_path = out / "last.pt", out / "best.pt"
     if world.main:
         prepare_directory(out, resume)
         write_recipe(out, recipe)
@@ -123,15 +112,14 @@ def train(
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98)
     )
-    start, best, memory = 0, math.inf, None
-    if resume and last.is_file():
-        state = load_checkpoint(last)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start, best = int(state["step"]), float(state["best"])
-        memory = [m.to(device) for m in state["memory"]] if state.get("memory") else None
-        if world.main:
-            truncate_metrics(out / "metrics.jsonl", start)
+    cadence = Cadence.steps(cfg.steps, report_every=cfg.eval_every, save_every=cfg.checkpoint_every)
+    last, log_path = out / "last.pt", out / "metrics.jsonl"
+    start, best, memory = 0, no_score_yet(lower_is_better=True), None
+    resumed = resume_from(last, model, optimizer, world, log_path, cadence) if resume else None
+    if resumed is not None:
+        start, best = resumed.steps, resumed.best
+        saved = resumed.state.get("memory")
+        memory = [m.to(device) for m in saved] if saved else None
     trainable = model
     if world.size > 1:
         trainable = torch.nn.parallel.DistributedDataParallel(model)
@@ -144,109 +132,83 @@ def train(
         starts = torch.randint(0, max(span, 1), (cfg.batch_size,), generator=gen)
         segments = Segments(stream, starts, recipe.data.train_lengths[1])
 
-    log_path = out / "metrics.jsonl"
     params = sum(p.numel() for p in model.parameters())
     lo, hi = recipe.data.train_lengths
-    eval_length = hi
     span = recipe.model.random_positions  # 0: positions 0 .. T - 1
-    tokens_seen, t0 = 0, time.perf_counter()
-    step = start
-    fitted = False
-    train_tally = Tally()
+    tally = Tally()  # this period's training figures; only rank 0 reports and renews it
 
-    def checkpoint(path: Path) -> None:
-        if world.main:
-            save_checkpoint(
-                path,
-                {
-                    "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "step": step,
-                    "best": best,
-                    "memory": [m.cpu() for m in memory] if memory else None,
-                },
+    def batches(first: int):
+        for step in itertools.count(first):
+            gen = step_generator(recipe.seed, world.rank, step)
+            torch.manual_seed(recipe.seed * 1_000_003 + step)  # dropout masks
+            if segments is not None:
+                tokens, targets = segments.batch(step)
+                key_mask = None
+            else:
+                length = int(torch.randint(lo, hi + 1, (1,), generator=gen))
+                batch = task.batch(cfg.batch_size, length, gen, "train")
+                tokens, targets, key_mask = batch.tokens, batch.targets, batch.key_mask
+            yield tokens, targets, key_mask, drawn_positions(span, tokens, gen)
+
+    def train_step(step: int, batch) -> tuple[float, int]:
+        nonlocal memory
+        tokens, targets, key_mask, positions = batch
+        with autocast(device):
+            output = trainable(
+                tokens.to(device),
+                key_mask=None if key_mask is None else key_mask.to(device),
+                memory=memory,
+                positions=positions,
             )
+        loss = tally.add(output.logits, targets.to(device))
+        value = optimize(
+            loss, model, optimizer, cfg.grad_clip, lambda: stopped_at(step, start, out)
+        )
+        memory = output.memory
+        return value, tokens.numel()
 
-    curves = Curves(out, cfg.tensorboard and world.main, resumed_at=start)
-    progress = progress_bar(console, world.main)
-    try:
-        with progress:
-            bar = progress.add_task(out.name, total=cfg.steps, completed=start, stats="")
-            for step in range(start, cfg.steps):
-                if interrupt_at is not None and step == interrupt_at:
-                    raise KeyboardInterrupt
-                gen = step_generator(recipe.seed, world.rank, step)
-                torch.manual_seed(recipe.seed * 1_000_003 + step)  # dropout masks
-                for group in optimizer.param_groups:
-                    group["lr"] = cfg.lr * lr_factor(step, cfg.warmup, cfg.steps)
-                if segments is not None:
-                    tokens, targets = segments.batch(step)
-                    key_mask = None
-                else:
-                    length = int(torch.randint(lo, hi + 1, (1,), generator=gen))
-                    batch = task.batch(cfg.batch_size, length, gen, "train")
-                    tokens, targets, key_mask = batch.tokens, batch.targets, batch.key_mask
-                positions = drawn_positions(span, tokens, gen)
-                with autocast(device):
-                    output = trainable(
-                        tokens.to(device),
-                        key_mask=None if key_mask is None else key_mask.to(device),
-                        memory=memory,
-                        positions=positions,
-                    )
-                loss = train_tally.add(output.logits, targets.to(device))
-                optimize(
-                    loss,
-                    model,
-                    optimizer,
-                    cfg.grad_clip,
-                    lambda step=step: stopped_at(step, start, out),
-                )
-                memory = output.memory
-                tokens_seen += tokens.numel() * world.size
-                step += 1
-                done = step == cfg.steps
-                if step % cfg.eval_every == 0 or done:
-                    rate = tokens_seen / (time.perf_counter() - t0)
-                    row = {
-                        "step": step,
-                        "lr": optimizer.param_groups[0]["lr"],
-                        "tokens_per_s": rate,
-                        **{f"train_{k}": v for k, v in train_tally.summary().items()},
-                    }
-                    train_tally = Tally()
-                    if world.main:
-                        val = evaluate_length(
-                            model,
-                            task,
-                            eval_length,
-                            cfg.eval_batches,
-                            cfg.batch_size,
-                            device,
-                            span=span,
-                        )
-                        row.update({f"val_{k}": v for k, v in val.items()})
-                        append_metrics(log_path, row)
-                        curves.add(row)
-                        if val["loss"] < best:
-                            best = val["loss"]
-                            checkpoint(best_path)
-                        fitted = cfg.stop_at is not None and val["exact_match"] >= cfg.stop_at
-                    progress.update(bar, stats=stats_line(row))
-                    fitted = world.broadcast_flag(fitted)
-                if step % cfg.checkpoint_every == 0 or done or fitted:
-                    checkpoint(last)
-                progress.update(bar, completed=step)
-                if fitted:
-                    break
-    except KeyboardInterrupt:
-        checkpoint(last)
-        raise
-    except RuntimeError as err:
-        if not distributed.peer_failure(err, world):
-            raise
-        checkpoint(last)  # this rank's weights are whole: the failed step never reached them
-        raise distributed.lost(err, world, out) from None
+    def report(done: int, losses: list[float], per_second) -> tuple[dict[str, Any], float]:
+        nonlocal tally
+        row = {
+            "step": done,
+            "lr": optimizer.param_groups[0]["lr"],
+            "tokens_per_s": per_second(),  # before validating: the training throughput
+            **{f"train_{k}": v for k, v in tally.summary().items()},
+        }
+        tally = Tally()
+        val = evaluate_length(model, task, hi, cfg.eval_batches, cfg.batch_size, device, span=span)
+        row.update({f"val_{k}": v for k, v in val.items()})
+        append_metrics(log_path, row)
+        return row, val["loss"]
+
+    def checkpoint(path: Path, position: dict[str, int], best: float) -> None:
+        save_checkpoint(
+            path,
+            {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                **position,
+                "best": best,
+                "memory": [m.cpu() for m in memory] if memory else None,
+            },
+        )
+
+    def fitted(row: dict[str, Any]) -> bool:
+        return cfg.stop_at is not None and row["val_exact_match"] >= cfg.stop_at
+
+    hooks = TrainingHooks(
+        batches=batches,
+        train_step=train_step,
+        report=report,
+        checkpoint=checkpoint,
+        stats=lambda row, score: stats_line(row),
+        schedule=warmup_cosine(optimizer, cfg.lr, cfg.warmup, cfg.steps),
+        lower_is_better=True,
+        stop_early=fitted,
+    )
+    trained = train_loop(
+        hooks, cadence, out, world, start, best, console, cfg.tensorboard, interrupt_at
+    )
     summary = {
         "recipe": recipe.source,
         "encoding": recipe.encoding.name,
@@ -254,9 +216,9 @@ def train(
         "task": recipe.data.task,
         "seed": recipe.seed,
         "steps": cfg.steps,
-        "steps_trained": step,  # fewer than steps where train.stop_at ended the run
+        "steps_trained": trained.steps,  # fewer than steps where train.stop_at ended the run
         "parameters": params,
-        "best_val_loss": best,
+        "best_val_loss": trained.best,
         "train_lengths": [lo, hi],
         "device": device.type,
         "world_size": world.size,
@@ -264,7 +226,6 @@ def train(
     }
     if world.main:
         atomic_write_json(out / "summary.json", summary)
-    curves.close()
     return summary
 
 

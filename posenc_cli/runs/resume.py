@@ -1,0 +1,35 @@
+"""Going on from ``last.pt``, for every task: the weights and the optimiser back, the log cut
+back to the checkpoint (a killed run may have logged past it), and where the loop starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from posenc_cli.runs.cadence import Cadence
+from posenc_cli.runs.checkpoint import load_checkpoint
+from posenc_cli.runs.directory import truncate_metrics
+from posenc_cli.runs.distributed import World
+
+
+@dataclass(frozen=True)
+class Resumed:
+    steps: int  # finished steps: the loop starts at this one
+    best: float  # the best validation score so far
+    state: dict[str, Any]  # the whole checkpoint, for what a task saved beside the weights
+
+
+def resume_from(
+    last: Path, model, optimizer, world: World, log_path: Path, cadence: Cadence
+) -> Resumed | None:
+    """Load ``last`` into model and optimizer; ``None`` when there is nothing to resume."""
+    if not last.is_file():
+        return None
+    state = load_checkpoint(last)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    steps = cadence.steps_done(state)
+    if world.main:
+        truncate_metrics(log_path, steps)
+    return Resumed(steps, float(state["best"]), state)
