@@ -18,7 +18,7 @@ import torch
 from rich.console import Console
 from rich.markup import escape
 
-from posenc_cli.config import Recipe, expand_sweep, load_recipe, recipe_to_dict
+from posenc_cli.config import Recipe, Sweep, load_recipe, recipe_to_dict
 from posenc_cli.errors import UsageError
 from posenc_cli.runs import distributed
 from posenc_cli.runs.checkpoint import atomic_write_json
@@ -56,10 +56,11 @@ def train_then_evaluate(run: Recipe, run_dir: Path, resume: bool, console: Conso
 
 
 def run_recipe(
-    recipe: Recipe, out: Path | None, resume: bool, console: Console, jobs: int = 1
+    sweep: Sweep, out: Path | None, resume: bool, console: Console, jobs: int = 1
 ) -> list[Path]:
-    """Train (and evaluate) every run of ``recipe``; returns the run directories."""
-    runs = expand_sweep(recipe)
+    """Train (and evaluate) every run of ``sweep``, as the loader built them; returns the run
+    directories."""
+    recipe, runs = sweep.recipe, sweep.runs
     base = out or default_out(recipe)
     world = world_of(recipe)
     if not world.main:  # rank 0 reports and writes; the others train in step with it

@@ -41,25 +41,26 @@ def train_command(
 
     Example: posenc train quickstart train.steps=300 --out runs/quick
     """
-    from posenc_cli.config import dump_recipe, expand_sweep, load_recipe
+    from posenc_cli.config import dump_recipe, load_sweep
     from posenc_cli.experiments import check_jobs, default_out, run_recipe
     from posenc_cli.runs.directory import TrainingStopped
     from posenc_cli.runs.distributed import PeerLost, is_main_process
     from posenc_cli.runs.terminate import Terminated, sigterm_as_interrupt
 
     check_jobs(jobs)
-    resolved = load_recipe(recipe, list(overrides or []))
+    sweep = load_sweep(recipe, list(overrides or []))
+    resolved = sweep.recipe
     if dry_run:
         print(dump_recipe(resolved), end="")
-        runs = expand_sweep(resolved)
         base = out or default_out(resolved)
-        print(f"# {len(runs)} run(s) into {base}: " + ", ".join(name for name, _ in runs))
+        names = ", ".join(name for name, _ in sweep.runs)
+        print(f"# {len(sweep.runs)} run(s) into {base}: {names}")
         return
     err = Console(stderr=True)
     torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1
     try:
         with sigterm_as_interrupt():
-            dirs = run_recipe(resolved, out, resume, err, jobs)
+            dirs = run_recipe(sweep, out, resume, err, jobs)
     except Terminated:
         why = " (under torchrun: another rank failed, its error is above)" if torchrun else ""
         err.print(

@@ -1,8 +1,9 @@
 """YAML recipes -> typed dataclasses: ``extends``, ``KEY=VALUE`` overrides, sweeps, one-line errors.
 
 One module per concern: ``recipe`` (the types), ``shipped`` and ``files`` (finding and reading
-recipes), ``layers`` (keys and merging), ``build`` (conversion), ``loader`` (``load_recipe``),
-``sweep`` (``expand_sweep``) and ``dump`` (back to YAML), with ``where`` for the errors.
+recipes), ``layers`` (keys and merging), ``build`` (conversion), ``loader`` (``load_recipe``,
+and ``load_sweep`` for the recipe with its runs), ``sweep`` (``expand_sweep``) and ``dump``
+(back to YAML), with ``where`` for the errors.
 
 A recipe is a YAML mapping with ``seed``, the sections ``model``, ``encoding``, ``data``,
 ``train`` and ``eval``, an optional ``sweep`` grid and an optional ``extends``. Every value is
@@ -28,12 +29,13 @@ Rules (each pinned in tests/test_config.py):
   override) and is stored as an absolute path, so a dumped recipe loads anywhere on the machine.
 - Loading validates every run of the sweep, including building each run's encoding once on the
   CPU (under a forked RNG, so the caller's random state is untouched): a bad value fails before
-  any training starts.
+  any training starts. ``load_sweep`` returns those runs, so ``posenc train`` trains the runs
+  that were checked and never expands the sweep a second time.
 """
 
 from posenc_cli.config.dump import dump_recipe, recipe_to_dict
-from posenc_cli.config.loader import load_recipe
-from posenc_cli.config.recipe import TOP_KEYS, EncodingConfig, Recipe
+from posenc_cli.config.loader import load_recipe, load_sweep
+from posenc_cli.config.recipe import TOP_KEYS, EncodingConfig, Recipe, Sweep
 from posenc_cli.config.shipped import recipes_root, shipped_recipes
 from posenc_cli.config.sweep import expand_sweep
 
@@ -41,9 +43,11 @@ __all__ = [
     "TOP_KEYS",
     "EncodingConfig",
     "Recipe",
+    "Sweep",
     "dump_recipe",
     "expand_sweep",
     "load_recipe",
+    "load_sweep",
     "recipe_to_dict",
     "recipes_root",
     "shipped_recipes",

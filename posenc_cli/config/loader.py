@@ -1,5 +1,6 @@
-"""``load_recipe``: files, layers and overrides merged, built and validated, every sweep run
-included."""
+"""``load_sweep`` and ``load_recipe``: files, layers and overrides merged, built and validated,
+every sweep run included. The runs are built here once; ``load_sweep`` hands them on, so the
+sweep runner trains what was checked instead of building every run again."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from posenc_cli.config.build import build_recipe, empty_tree
 from posenc_cli.config.files import absolute_corpus, chain_kind, extends_chain, find_recipe
 from posenc_cli.config.layers import assignments_layer, check_key, check_layer, in_order, merge
-from posenc_cli.config.recipe import Recipe
+from posenc_cli.config.recipe import Recipe, Sweep
 from posenc_cli.config.sweep import expand_sweep
 from posenc_cli.config.where import Where
 from posenc_cli.encodings import user_params
@@ -23,6 +24,11 @@ from posenc_cli.params import (
 def load_recipe(ref: str | Path, overrides: typing.Sequence[str] = ()) -> Recipe:
     """Load a recipe file or shipped short name, apply ``extends`` and ``KEY=VALUE`` overrides,
     convert and validate everything (every sweep run too); raises a one-line UsageError."""
+    return load_sweep(ref, overrides).recipe
+
+
+def load_sweep(ref: str | Path, overrides: typing.Sequence[str] = ()) -> Sweep:
+    """``load_recipe``'s recipe together with its runs, as built to validate them."""
     source = find_recipe(str(ref))
     where = Where(source.label)
     chain = extends_chain(source, where)
@@ -49,8 +55,9 @@ def load_recipe(ref: str | Path, overrides: typing.Sequence[str] = ()) -> Recipe
             absolute_corpus(layer, Path.cwd())
             merge(tree, layer, origin, where, notes)
     recipe = build_recipe(tree, where, notes, source.label)
-    check_swept_params(recipe, expand_sweep(recipe), where)  # builds and checks every run
-    return recipe
+    runs = expand_sweep(recipe)  # builds and checks every run
+    check_swept_params(recipe, runs, where)
+    return Sweep(recipe, runs)
 
 
 def check_swept_params(recipe: Recipe, runs: list[tuple[str, Recipe]], where: Where) -> None:

@@ -1,4 +1,5 @@
-"""The typed recipe: its sections (the kind's schema) and the encoding; what a loaded recipe is."""
+"""The typed recipe: its sections (the kind's schema) and the encoding; what a loaded recipe is,
+and a loaded sweep (the recipe with its runs)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,14 @@ class Recipe:
     # provenance, not content: two recipes with the same settings are equal
     source: str = field(default="", compare=False)  # the recipe as named by the user
     notes: list[str] = field(default_factory=list, compare=False)  # dropped encoding params
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A loaded recipe and its runs, each run built and validated once, by the loader."""
+
+    recipe: Recipe
+    runs: list[tuple[str, Recipe]]  # (run name, its recipe with sweep=None), in grid order
 
 
 TOP_KEYS = ("extends", "kind", "seed", "model", "encoding", "data", "train", "eval", "sweep")
