@@ -63,7 +63,7 @@ def combine(verdicts: list[tuple[str, str]]) -> tuple[str, str]:
 
 
 def general_lm(report: dict, studies: list[Study]) -> tuple[str, str]:
-    lms = [s for s in studies if s.kind == "text" and s.task == "text" and s.trained]
+    lms = [s for s in studies if s.language_model and s.trained]
     found = [verdict_at(s, s.trained, "rope") for s in lms]
     return combine([f for f in found if f])
 
@@ -142,7 +142,7 @@ def long_documents(report: dict, studies: list[Study]) -> tuple[str, str]:
     """XL at the longest context each LM study evaluated."""
     found = []
     for s in studies:
-        if s.kind == "text" and s.task == "text":
+        if s.language_model:
             sizes = sorted({int(n) for n in s.result["lengths"] if n.isdigit()})
             if sizes:
                 found.append(verdict_at(s, sizes[-1], "xl"))

@@ -26,6 +26,7 @@ from posenc_cli.encodings import ENCODINGS, encoding_class
 from posenc_cli.errors import UsageError
 from posenc_cli.report import article
 from posenc_cli.report.code_size import attention_path, encoding_lines
+from posenc_cli.tasks import task_of
 
 SCHEMA = "posenc.report/1"
 PROFILE_SCHEMA = "posenc.profile/1"
@@ -59,6 +60,15 @@ class Study:
     def lower_is_better(self) -> bool:
         return self.metric in LOWER_IS_BETTER
 
+    @property
+    def language_model(self) -> bool:
+        return models_running_text(self.kind, self.task)
+
+
+def models_running_text(kind: str, task: str) -> bool:
+    """Whether a study's runs are language models on running text, as its task says."""
+    return task in task_of(kind).language_modelling
+
 
 def read_study(path: Path) -> Study:
     result = compare([path])
@@ -66,7 +76,7 @@ def read_study(path: Path) -> Study:
     sample = json.loads((runs[0] / "eval.json").read_text()) if runs else {}
     kind = result["kind"]
     task = sample.get("task") or sample.get("dataset") or kind
-    metric = "perplexity" if kind == "text" and task == "text" else metrics_of(kind)[0]
+    metric = "perplexity" if models_running_text(kind, task) else metrics_of(kind)[0]
     lengths = sample.get("train_lengths")
     trained = lengths[-1] if lengths else sample.get("trained_size")
     return Study(path, kind, str(task), metric, trained, result)

@@ -45,6 +45,8 @@ class Task:
     workload: str  # (recipe, overrides) -> (profiling workload, encodings that fit it)
     profile_unit: str  # what `posenc profile` sizes count: "tokens" (--lengths) or "px" (--sizes)
     prepare: str | None = None  # (runs) -> None: data a sweep's runs would race to write
+    # its data tasks that model running text: the report reads them by perplexity, as LM studies
+    language_modelling: tuple[str, ...] = ()
     extras: dict[str, str] = field(default_factory=dict)  # further task-specific entry points
 
     @property
@@ -76,6 +78,7 @@ TASKS: dict[str, Task] = {
         "e.g. --lengths 16,32",
         metrics=("token_accuracy", "exact_match", "loss", "perplexity"),
         column=lambda key: f"n={key}",
+        language_modelling=("text",),
     ),
     "image": Task(
         kind="image",
