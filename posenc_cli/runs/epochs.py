@@ -1,6 +1,7 @@
 """The pieces the tasks' loop hooks are made of: the optimiser step (all three tasks), and for
-the epoch tasks (images, detection) the seeding, each epoch's data order, the batches from a
-step on, the end-of-epoch report with its log line and the progress bar's figures."""
+the epoch tasks (images, detection) the seeding, each epoch's data order and ``epoch_hooks``:
+the batches from a step on, the end-of-epoch report with its log line, the progress bar's
+figures."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from posenc_cli.runs.directory import TrainingStopped, append_metrics
 from posenc_cli.runs.distributed import World
+from posenc_cli.runs.loop import TrainingHooks
+from posenc_cli.runs.schedule import Schedule
 
 
 def seed_everything(seed: int) -> torch.Generator:
@@ -128,3 +131,28 @@ def epoch_stats(score_name: str) -> Callable[[dict[str, Any], float], str]:
         return f"{figures}  {row['images_per_s']:.0f} img/s"
 
     return stats
+
+
+def epoch_hooks(
+    per_epoch: int,
+    loader: Callable[[int], Iterable[Any]],
+    train_step: Callable[[int, Any], tuple[float, int]],
+    score: Callable[[], tuple[dict[str, float], float]],
+    score_name: str,
+    checkpoint: Callable[[Path, dict[str, int], float], None],
+    schedule: Schedule,
+    *,
+    optimizer,
+    log_path: Path,
+) -> TrainingHooks:
+    """The loop's hooks for an epoch task, from its loader of an epoch's batches, its step, its
+    validation score (``score_name`` on the progress bar) and its checkpoint; ``optimizer``
+    gives the rate each log line records."""
+    return TrainingHooks(
+        batches=epoch_batches(loader, per_epoch),
+        train_step=train_step,
+        report=epoch_report(score, optimizer, per_epoch, log_path),
+        checkpoint=checkpoint,
+        stats=epoch_stats(score_name),
+        schedule=schedule,
+    )

@@ -25,14 +25,8 @@ from posenc_cli.runs.cadence import Cadence
 from posenc_cli.runs.checkpoint import atomic_write_json, save_checkpoint
 from posenc_cli.runs.device import pick_device
 from posenc_cli.runs.directory import last_metrics, prepare_directory, write_recipe
-from posenc_cli.runs.epochs import (
-    epoch_batches,
-    epoch_loader,
-    epoch_report,
-    epoch_stats,
-    optimize,
-)
-from posenc_cli.runs.loop import TrainingHooks, no_score_yet, train_loop
+from posenc_cli.runs.epochs import epoch_hooks, epoch_loader, optimize
+from posenc_cli.runs.loop import no_score_yet, train_loop
 from posenc_cli.runs.resume import resume_from
 from posenc_cli.runs.schedule import step_decay
 from posenc_cli.tasks.detection.schema import model_options
@@ -198,14 +192,10 @@ def train_detection(
         val, _ = evaluate_detection(model, data, scoring, recipe, device)  # back in train mode
         return val, val.get("AP", 0.0)
 
-    hooks = TrainingHooks(
-        batches=epoch_batches(loader, per_epoch),
-        train_step=train_step,
-        report=epoch_report(score, optimizer, per_epoch, log_path),
-        checkpoint=checkpoint,
-        stats=epoch_stats("val AP"),
-        schedule=schedule,
-    )
+    hooks = epoch_hooks(
+        per_epoch, loader, train_step, score, "val AP", checkpoint, schedule,
+        optimizer=optimizer, log_path=log_path,
+    )  # fmt: skip
     trained = train_loop(
         hooks, cadence, out, world, start, best, console, cfg.tensorboard, interrupt_at
     )
