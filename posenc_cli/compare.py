@@ -8,7 +8,6 @@ column is marked. A sweep's output directory stands for all the runs below it.
 from __future__ import annotations
 
 import json
-import re
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from typing import Any
 from posenc_cli.errors import UsageError
 from posenc_cli.params import close_match
 from posenc_cli.runs.directory import DIVERGED
+from posenc_cli.runs.evaluation import natural_key
 from posenc_cli.statistics import MOST_SEEDS, ci95, paired, welch
 from posenc_cli.tasks import DEFAULT_KIND, TASKS, task_of
 
@@ -135,11 +135,6 @@ def group_label(result: dict[str, Any], run_dir: Path) -> str:
         if "=" in part and not part.startswith(("seed=", "encoding."))
     ]
     return " ".join([label, *swept])
-
-
-def natural_key(label: str) -> list:
-    """``max_distance=8`` before ``max_distance=16``: numbers compare as numbers."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", label)]
 
 
 def summarise(values: list[float], seeds: list[int]) -> dict[str, Any]:

@@ -110,13 +110,13 @@ def evaluate_command(
     Example: posenc evaluate runs/quick --lengths 8,16,32,64 --shift 100
     """
     from posenc_cli.commands.common import check_writable, reject_options
-    from posenc_cli.runs.evaluation import run_directory, run_kind
+    from posenc_cli.runs.evaluation import run_directory
     from posenc_cli.runs.lock import hold
-    from posenc_cli.tasks import task_of
+    from posenc_cli.tasks import task_of_run
 
     check_png(out)
     run_dir = run_directory(run_dir)
-    task = task_of(run_kind(run_dir))
+    task = task_of_run(run_dir)
     given = {"lengths": lengths, "shift": shift, "sizes": sizes, "shifts": shifts, "out": out}
     reject_options(
         {f"--{flag}": value for flag, value in given.items() if flag not in task.evaluate_flags},

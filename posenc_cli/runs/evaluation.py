@@ -4,6 +4,7 @@ a table to show. The command writes and prints; the task only computes and descr
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,27 +62,15 @@ def recipe_file(run_dir: Path) -> Path:
     return path
 
 
-def run_kind(run_dir: Path) -> str:
-    """The run's kind, read from its saved recipe's top-level key without loading it all: the
-    task's own evaluation loads and checks the recipe, once."""
-    import yaml
-
-    from posenc_cli.tasks import DEFAULT_KIND, TASKS  # the registry sits above runs/
-
-    try:
-        saved = yaml.safe_load(recipe_file(run_dir).read_text())
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
-        saved = None  # the full load that follows says what is wrong with it
-    kind = saved.get("kind", DEFAULT_KIND) if isinstance(saved, dict) else DEFAULT_KIND
-    return kind if isinstance(kind, str) and kind in TASKS else DEFAULT_KIND
+def natural_key(label: str) -> list:
+    """``max_distance=8`` before ``max_distance=16``: numbers compare as numbers."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", label)]
 
 
 def save_evaluation(path: Path, result: dict[str, Any]) -> dict[str, Any]:
     """Write ``result`` to ``path`` without losing what the file already records: its new
     lengths replace those of the same key, the others stay, in natural order. A damaged file is
     replaced. Returns what was written."""
-    from posenc_cli.compare import natural_key
-
     try:
         old = json.loads(path.read_text())
     except (OSError, ValueError):  # none yet, or damaged: nothing to keep

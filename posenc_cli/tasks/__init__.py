@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -116,3 +117,18 @@ def task_of(kind: str) -> Task:
     if kind not in TASKS:
         raise UsageError(f"unknown kind {kind!r}; valid: {', '.join(TASKS)}")
     return TASKS[kind]
+
+
+def task_of_run(run_dir: Path) -> Task:
+    """The task of a run directory, from its saved recipe's top-level ``kind`` alone: the
+    task's own evaluation loads and checks the recipe, once."""
+    import yaml
+
+    from posenc_cli.runs.evaluation import recipe_file
+
+    try:
+        saved = yaml.safe_load(recipe_file(run_dir).read_text())
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        saved = None  # the full load that follows says what is wrong with it
+    kind = saved.get("kind", DEFAULT_KIND) if isinstance(saved, dict) else DEFAULT_KIND
+    return TASKS[kind if isinstance(kind, str) and kind in TASKS else DEFAULT_KIND]
