@@ -109,7 +109,7 @@ def test_memory_exponents_of_full_blocked_and_window_attention():
     block, and 7 x 7 windows, grow it ~N."""
     sizes = [256, 1024, 4096]
     full = LayerWorkload(dim=8, heads=1).subject("xl")  # its q-dependent (H, N, N) term
-    blocked = LayerWorkload(dim=8, heads=1).subject("alibi")
+    blocked = LayerWorkload(dim=8, heads=1).subject("sandwich")
     window = LayerWorkload(dim=8, heads=1, window=7).subject("irpe")
     for subject, low, high in ((full, 1.8, 2.1), (blocked, 0.9, 1.1), (window, 0.9, 1.1)):
         peaks = [

@@ -88,12 +88,12 @@ def test_check_sizes_refuses_past_the_largest_that_fits():
     workload = LayerWorkload(dim=16, heads=2)
     args = {"unit": "tokens", "option": "--lengths", "mode": "forward", "batch": 1}
     with pytest.raises(UsageError) as refused:
-        check_sizes(workload.subject, ["alibi"], [256, 2_000_000], device=CPU, free=GB, **args)
+        check_sizes(workload.subject, ["sandwich"], [256, 2_000_000], device=CPU, free=GB, **args)
     message = str(refused.value)
     largest = int(re.search(r"largest that fits is about (\d+) tokens", message).group(1))
-    assert message.startswith("--lengths 2000000: alibi needs about")
+    assert message.startswith("--lengths 2000000: sandwich needs about")
     assert 50_000 < largest < 2_000_000  # about 6.5 kB a token: the bias comes block by block
-    check_sizes(workload.subject, ["alibi"], [largest], device=CPU, free=GB, **args)
+    check_sizes(workload.subject, ["sandwich"], [largest], device=CPU, free=GB, **args)
 
 
 # --- the command --------------------------------------------------------------------------
@@ -102,7 +102,10 @@ def test_check_sizes_refuses_past_the_largest_that_fits():
 @pytest.mark.parametrize(
     "args, words",
     [
-        (["--layer", "attention", "--dim", "16", "--heads", "2", "--compare", "alibi"], "alibi"),
+        (
+            ["--layer", "attention", "--dim", "16", "--heads", "2", "--compare", "sandwich"],
+            "sandwich",
+        ),
         # T5 measured again past its kernel switch needs little; the causal mask of none does
         (
             ["quickstart", "model.dim=16", "model.heads=2", "model.depth=1", "--compare", "t5"],
