@@ -146,10 +146,19 @@ def test_three_axis_ids_worked_by_hand():
     (1, torch.tensor([-1, 0, 3, 9, 30])),
     (2, grid_positions(3, 5, prefix=1)),
     (3, video_positions(3, 2, 4, prefix=1)),
+    (3, torch.tensor([-1, 0, 1, 2, 5, 9])),  # text on every axis: its box dwarfs its pairs
 ])  # fmt: skip
 def test_ids_equal_a_literal_loop(method, axes, positions):
     enc = RelativeND(axes=axes, method=method)
     assert [t.tolist() for t in enc.map_ids(positions, positions)] == pair_ids(enc, positions)
+
+
+def test_long_text_on_three_axes_reads_its_pairs_not_the_cube_of_its_span():
+    # 600 tokens at (i, i, i) span a box of 1199^3 offsets (41 GB of coordinates); their
+    # 600 x 600 pairs lie on its diagonal
+    ids = RelativeND(axes=3, method="product").map_ids(torch.arange(600), torch.arange(600))
+    assert ids[0].shape == (600, 600)
+    assert ids[0][0, 1] == ids[0][1, 2] != ids[0][1, 0]  # offset -1 once, +1 elsewhere
 
 
 def test_sequence_positions_sit_at_that_value_on_every_axis():

@@ -137,21 +137,26 @@ class RelativeND(ImageRPE):
         ]
 
     def map_ids(self, q_pos: Tensor, k_pos: Tensor) -> list[Tensor]:
-        """``(Nq, Nk)`` ids of every (scale, map): each offset's id computed once over the span
-        the positions cover, then gathered per pair."""
+        """``(Nq, Nk)`` ids of every (scale, map): each offset's id computed once over the box
+        of offsets the positions span, then gathered per pair. Where that box holds more
+        offsets than there are pairs (text on every axis, ``t = h = w``: its offsets lie on a
+        diagonal of an N^3 box), the pairs' own offsets are read instead."""
         q, k = axis_coordinates(q_pos, self.axes), axis_coordinates(k_pos, self.axes)
         prefix_q, prefix_k = q[:, 0] < 0, k[:, 0] < 0
         on_grid = torch.cat([q[~prefix_q], k[~prefix_k]])
         spans = (on_grid.amax(0) - on_grid.amin(0)).tolist() if len(on_grid) else [0] * self.axes
+        offsets = q[:, None, :] - k[None, :, :]  # (Nq, Nk, A), query minus key
+        prefix = prefix_q[:, None] | prefix_k[None, :]
+        offsets = offsets.masked_fill(prefix[..., None], 0)  # keep prefix pairs in the table
+        counts = [c for c in self.counts for _ in self.maps]  # per (scale, map)
+        if math.prod(2 * s + 1 for s in spans) > prefix.numel():
+            tables = self._offset_ids(offsets)
+            return [t.masked_fill(prefix, c - 1) for t, c in zip(tables, counts, strict=True)]
         ranges = [torch.arange(-s, s + 1, device=q.device) for s in spans]
         every = torch.stack(torch.meshgrid(*ranges, indexing="ij"), -1).reshape(-1, self.axes)
         strides = [math.prod(2 * s + 1 for s in spans[a + 1 :]) for a in range(self.axes)]
         strides_t = torch.tensor(strides, device=q.device)
-        offsets = q[:, None, :] - k[None, :, :]  # (Nq, Nk, A), query minus key
-        prefix = prefix_q[:, None] | prefix_k[None, :]
-        offsets = offsets.masked_fill(prefix[..., None], 0)  # keep prefix pairs in the table
         flat = ((offsets + torch.tensor(spans, device=q.device)) * strides_t).sum(-1)
-        counts = [c for c in self.counts for _ in self.maps]  # per (scale, map)
         tables = self._offset_ids(every)
         return [t[flat].masked_fill(prefix, c - 1) for t, c in zip(tables, counts, strict=True)]
 
