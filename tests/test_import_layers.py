@@ -17,6 +17,7 @@ BELOW = {
     "kernels": set(),
     "encodings": {"kernels"},
     "models": {"kernels", "encodings"},
+    "runs": set(),  # the run plumbing every task shares knows no task, recipe or plot
 }
 TOP = {"commands", "cli", "__main__"}  # the verbs: only they may import each other
 

@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from posenc_cli.config import write_recipe
 from posenc_cli.errors import UsageError
 from posenc_cli.runs.checkpoint import atomic_write_json
-from posenc_cli.runs.directory import prepare_directory, write_recipe
+from posenc_cli.runs.directory import prepare_directory
 from posenc_cli.runs.evaluation import Evaluated
 
 DEFAULT_ENCODING = "none"

@@ -33,7 +33,7 @@ Rules (each pinned in tests/test_config.py):
   that were checked and never expands the sweep a second time.
 """
 
-from posenc_cli.config.dump import dump_recipe, recipe_to_dict
+from posenc_cli.config.dump import dump_recipe, recipe_to_dict, write_recipe
 from posenc_cli.config.loader import load_recipe, load_sweep
 from posenc_cli.config.recipe import TOP_KEYS, EncodingConfig, Recipe, Sweep
 from posenc_cli.config.shipped import recipes_root, shipped_recipes
@@ -46,6 +46,7 @@ __all__ = [
     "Sweep",
     "dump_recipe",
     "expand_sweep",
+    "write_recipe",
     "load_recipe",
     "load_sweep",
     "recipe_to_dict",

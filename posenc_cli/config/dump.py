@@ -6,12 +6,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import re
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from posenc_cli.config.recipe import Recipe, Tree
 from posenc_cli.config.where import one_line
+from posenc_cli.runs.checkpoint import atomic_write_text
 from posenc_cli.tasks import DEFAULT_KIND
 
 
@@ -56,3 +58,8 @@ def dump_recipe(recipe: Recipe) -> str:
     header += [f"# note: {note}" for note in recipe.notes]
     body = yaml.dump(recipe_to_dict(recipe), Dumper=Dumper, sort_keys=False)
     return "\n".join(one_line(line) for line in header) + "\n" + body
+
+
+def write_recipe(out: Path, recipe: Recipe) -> None:
+    """A run's ``recipe.yaml``: the resolved recipe, written whole or not at all."""
+    atomic_write_text(out / "recipe.yaml", dump_recipe(recipe))

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from posenc_cli.config import Recipe, dump_recipe
 from posenc_cli.errors import UsageError
 from posenc_cli.runs.checkpoint import atomic_write_text
 
@@ -18,9 +17,9 @@ class TrainingStopped(RuntimeError):
     """The run cannot go on (a NaN loss); the message says why and what was kept."""
 
 
-def record_divergence(run: Recipe, out: Path, why: str) -> None:
-    """Say in the run's folder that it diverged, with the keys ``compare`` groups runs by, so
-    that a sweep counts divergence per encoding instead of losing the run."""
+def record_divergence(run: Any, out: Path, why: str) -> None:
+    """Say in the folder of ``run`` (its Recipe) that it diverged, with the keys ``compare``
+    groups runs by, so that a sweep counts divergence per encoding instead of losing it."""
     identity = {
         "kind": run.kind,
         "encoding": run.encoding.name,
@@ -36,10 +35,6 @@ def prepare_directory(out: Path, resume: bool) -> None:
             f"{out} already holds a run; add --resume to continue it or choose another --out"
         )
     out.mkdir(parents=True, exist_ok=True)
-
-
-def write_recipe(out: Path, recipe: Recipe) -> None:
-    atomic_write_text(out / "recipe.yaml", dump_recipe(recipe))
 
 
 def append_metrics(path: Path, row: dict[str, Any]) -> None:

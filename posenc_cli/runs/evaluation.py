@@ -25,22 +25,6 @@ class Evaluated:
     note: str | None = None  # a line shown after the table
 
 
-def curve_picture(
-    result: dict[str, Any], metric: str, title: str, trained: tuple[int, int]
-) -> Callable[[Path], None]:
-    """A one-encoding curve of ``metric`` over the evaluated sizes (shifted ones left out)."""
-
-    def draw(path: Path) -> None:
-        from posenc_cli.plots import save_length_curves
-
-        ok = {int(k): r for k, r in result["lengths"].items() if k.isdigit() and "error" not in r}
-        ns = sorted(ok)
-        curve = (ns, [ok[n][metric] for n in ns], [0.0] * len(ns))
-        save_length_curves({result["encoding"]: curve}, metric, title, path, trained)
-
-    return draw
-
-
 def run_directory(path: Path) -> Path:
     """The run directory a user named: the folder itself, or the folder of its recipe.yaml."""
     if path.is_file() and path.name == "recipe.yaml":

@@ -19,8 +19,9 @@ from posenc_cli.config import Recipe, load_recipe
 from posenc_cli.errors import UsageError
 from posenc_cli.runs.checkpoint import load_run_weights
 from posenc_cli.runs.device import pick_device
-from posenc_cli.runs.evaluation import Evaluated, curve_picture, recipe_file, save_evaluation
+from posenc_cli.runs.evaluation import Evaluated, recipe_file, save_evaluation
 from posenc_cli.tasks.image.train import evaluate_images, image_model_for
+from posenc_cli.tasks.pictures import curve_picture
 
 
 def point_name(size: int, shift: int) -> str:

@@ -22,13 +22,13 @@ import torch.nn.functional as F
 from rich.console import Console
 from torch.utils.data import DataLoader
 
-from posenc_cli.config import Recipe
+from posenc_cli.config import Recipe, write_recipe
 from posenc_cli.errors import UsageError
 from posenc_cli.runs import distributed
 from posenc_cli.runs.cadence import Cadence
 from posenc_cli.runs.checkpoint import atomic_write_json, save_checkpoint
 from posenc_cli.runs.device import autocast, pick_device
-from posenc_cli.runs.directory import last_metrics, prepare_directory, write_recipe
+from posenc_cli.runs.directory import last_metrics, prepare_directory
 from posenc_cli.runs.epochs import epoch_hooks, epoch_loader, optimize
 from posenc_cli.runs.loop import no_score_yet, train_loop
 from posenc_cli.runs.resume import resume_from

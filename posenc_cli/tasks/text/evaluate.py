@@ -20,7 +20,8 @@ from posenc_cli.metrics import Tally
 from posenc_cli.models.text import build_text_model
 from posenc_cli.runs.checkpoint import load_run_weights
 from posenc_cli.runs.device import autocast, pick_device
-from posenc_cli.runs.evaluation import Evaluated, curve_picture, recipe_file, save_evaluation
+from posenc_cli.runs.evaluation import Evaluated, recipe_file, save_evaluation
+from posenc_cli.tasks.pictures import curve_picture
 from posenc_cli.tasks.text.train import evaluate_length
 
 

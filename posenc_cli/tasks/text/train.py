@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from posenc_cli.config import Recipe
+from posenc_cli.config import Recipe, write_recipe
 from posenc_cli.data import build_task
 from posenc_cli.metrics import Tally
 from posenc_cli.models.positions import random_positions
@@ -28,7 +28,7 @@ from posenc_cli.runs import distributed
 from posenc_cli.runs.cadence import Cadence
 from posenc_cli.runs.checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
 from posenc_cli.runs.device import autocast, pick_device
-from posenc_cli.runs.directory import append_metrics, last_metrics, prepare_directory, write_recipe
+from posenc_cli.runs.directory import append_metrics, last_metrics, prepare_directory
 from posenc_cli.runs.epochs import optimize
 from posenc_cli.runs.loop import TrainingHooks, no_score_yet, train_loop
 from posenc_cli.runs.resume import resume_from
