@@ -129,7 +129,7 @@ def multimodal(report: dict, studies: list[Study]) -> tuple[str, str]:
     """The best relative encoding against the best of the rest in each image study."""
     found = []
     for s in studies:
-        if s.kind != "image" or not s.trained:
+        if not s.multimodal or not s.trained:
             continue
         order = ranked(s, s.trained)
         relative = [n for n, _ in order if FAMILY.get(n) == "relative"]

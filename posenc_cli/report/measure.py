@@ -64,6 +64,11 @@ class Study:
     def language_model(self) -> bool:
         return models_running_text(self.kind, self.task)
 
+    @property
+    def multimodal(self) -> bool:
+        """Whether its task answers the article's multimodal advice (images, clips)."""
+        return task_of(self.kind).multimodal
+
 
 def models_running_text(kind: str, task: str) -> bool:
     """Whether a study's runs are language models on running text, as its task says."""

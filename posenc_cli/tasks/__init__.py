@@ -48,6 +48,8 @@ class Task:
     prepare: str | None = None  # (runs) -> None: data a sweep's runs would race to write
     # its data tasks that model running text: the report reads them by perplexity, as LM studies
     language_modelling: tuple[str, ...] = ()
+    # whether its studies answer the article's multimodal advice (the report ranks them)
+    multimodal: bool = False
     extras: dict[str, str] = field(default_factory=dict)  # further task-specific entry points
 
     @property
@@ -94,6 +96,7 @@ TASKS: dict[str, Task] = {
         "e.g. --sizes 32,48 --shifts 0,4",
         metrics=("top1", "top5", "loss"),  # columns: image side in px, "+K" for a K px shift
         column=image_column,
+        multimodal=True,
     ),
     "detection": Task(
         kind="detection",
