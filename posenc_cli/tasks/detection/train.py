@@ -19,17 +19,16 @@ import torch
 from rich.console import Console
 from torch.utils.data import DataLoader
 
-from posenc_cli.config import Recipe, write_recipe
-from posenc_cli.runs import distributed
+from posenc_cli.config import Recipe
 from posenc_cli.runs.cadence import Cadence
 from posenc_cli.runs.checkpoint import atomic_write_json, save_checkpoint
-from posenc_cli.runs.device import pick_device
-from posenc_cli.runs.directory import last_metrics, prepare_directory
+from posenc_cli.runs.directory import last_metrics
 from posenc_cli.runs.epochs import epoch_hooks, epoch_loader, optimize
 from posenc_cli.runs.loop import no_score_yet, train_loop
 from posenc_cli.runs.resume import resume_from
 from posenc_cli.runs.schedule import step_decay
 from posenc_cli.tasks.detection.schema import model_options
+from posenc_cli.tasks.run_start import start_run
 
 AP_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 
@@ -131,13 +130,9 @@ def train_detection(
     from posenc_cli.tasks.detection.criterion import SetCriterion
     from posenc_cli.tasks.detection.matcher import HungarianMatcher
 
-    console = console or Console(stderr=True)
+    console, device, world = start_run(recipe, out, resume, console)
     cfg = recipe.train
-    device = pick_device(cfg.device)
-    world = distributed.start(device)
     if world.main:
-        prepare_directory(out, resume)
-        write_recipe(out, recipe)
         data = load_detection_data(recipe)  # rank 0 writes a shapes set, if any, first
     world.barrier()
     if not world.main:

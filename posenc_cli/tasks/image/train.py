@@ -22,18 +22,18 @@ import torch.nn.functional as F
 from rich.console import Console
 from torch.utils.data import DataLoader
 
-from posenc_cli.config import Recipe, write_recipe
+from posenc_cli.config import Recipe
 from posenc_cli.errors import UsageError
-from posenc_cli.runs import distributed
 from posenc_cli.runs.cadence import Cadence
 from posenc_cli.runs.checkpoint import atomic_write_json, save_checkpoint
-from posenc_cli.runs.device import autocast, pick_device
-from posenc_cli.runs.directory import last_metrics, prepare_directory
+from posenc_cli.runs.device import autocast
+from posenc_cli.runs.directory import last_metrics
 from posenc_cli.runs.epochs import epoch_hooks, epoch_loader, optimize
 from posenc_cli.runs.loop import no_score_yet, train_loop
 from posenc_cli.runs.resume import resume_from
 from posenc_cli.runs.schedule import timm_cosine
 from posenc_cli.tasks.image.schema import model_overrides
+from posenc_cli.tasks.run_start import start_run
 
 if TYPE_CHECKING:
     from posenc_cli.data.images import ImageData
@@ -142,13 +142,8 @@ def train_image(
 
     from posenc_cli.data.images import build_image_data
 
-    console = console or Console(stderr=True)
+    console, device, world = start_run(recipe, out, resume, console)
     cfg = recipe.train
-    device = pick_device(cfg.device)
-    world = distributed.start(device)
-    if world.main:
-        prepare_directory(out, resume)
-        write_recipe(out, recipe)
     data = build_image_data(recipe.data)
     torch.manual_seed(recipe.seed)
     model = image_model_for(recipe, data).to(device)

@@ -19,20 +19,20 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from posenc_cli.config import Recipe, write_recipe
+from posenc_cli.config import Recipe
 from posenc_cli.data import build_task
 from posenc_cli.metrics import Tally
 from posenc_cli.models.positions import random_positions
 from posenc_cli.models.text import build_text_model
-from posenc_cli.runs import distributed
 from posenc_cli.runs.cadence import Cadence
 from posenc_cli.runs.checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
-from posenc_cli.runs.device import autocast, pick_device
-from posenc_cli.runs.directory import append_metrics, last_metrics, prepare_directory
+from posenc_cli.runs.device import autocast
+from posenc_cli.runs.directory import append_metrics, last_metrics
 from posenc_cli.runs.epochs import optimize
 from posenc_cli.runs.loop import TrainingHooks, no_score_yet, train_loop
 from posenc_cli.runs.resume import resume_from
 from posenc_cli.runs.schedule import warmup_cosine
+from posenc_cli.tasks.run_start import start_run
 
 EVAL_SEED = 20_000_000  # evaluation batches are the same for every run and every encoding
 
@@ -99,13 +99,8 @@ def train(
 ) -> dict[str, Any]:
     """Train ``recipe`` into ``out``; returns the summary. ``interrupt_at`` simulates a Ctrl-C
     after that many steps (tests use it; it takes the same path as a real one)."""
-    console = console or Console(stderr=True)
+    console, device, world = start_run(recipe, out, resume, console)
     cfg = recipe.train
-    device = pick_device(cfg.device)
-    world = distributed.start(device)
-    if world.main:
-        prepare_directory(out, resume)
-        write_recipe(out, recipe)
     task = build_task(recipe.data)
     torch.manual_seed(recipe.seed)
     model = build_text_model(recipe.model, recipe.encoding, task, recipe.data).to(device)
