@@ -10,11 +10,14 @@ their log-sum-exps, each corrected by the row constant it left out. The backward
 backward per piece with the merged output and log-sum-exp. That is exact: the merged log-sum-exp
 normalises every piece's probabilities, and ``rowsum(dO * O)`` is the same sum over every key.
 
-Nothing quadratic in N is held but one diagonal block. ``c`` is the middle of the sequence,
-which halves the largest number the rows add, and so their float32 rounding.
+Nothing quadratic in N is held but one diagonal block. ``c`` is the block's own edge (its first
+query for the keys below, its end for those above), so the keys nearest the block, which carry
+its weight, see small numbers, and float32 keeps their precision at any length.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -35,10 +38,19 @@ def serves(q: Tensor, k: Tensor, positions_consecutive: bool) -> bool:
     )
 
 
-def _centred(slopes: Tensor, n: int, dtype: torch.dtype) -> Tensor:
-    """``m (j - c)`` per head and key, ``(1, H, 1, N)``, computed in float64."""
-    index = torch.arange(n, dtype=torch.float64, device=slopes.device) - (n - 1) / 2
-    return (slopes.to(torch.float64)[:, None] * index).to(dtype)[None, :, None]
+def _piece_terms(slopes: Tensor, diagonal: _Diagonal, rows: slice, keys: slice, side: int):
+    """A piece's mask and the row constant it leaves out, ``(H, rows)``. Below the block,
+    ``-m (i - j) = m (j - s) - m (i - s)``; above it, ``-m (j - i) = -m (j - e) + m (i - e)``.
+    Measured from the block's own edge, the numbers of the nearest keys stay small, so float32
+    keeps their precision at any N. The diagonal block has its dense bias and no constant."""
+    if side == 0:
+        return diagonal(rows.stop - rows.start), 0.0
+    edge = rows.start if side < 0 else rows.stop
+    m = slopes.to(torch.float64)[:, None]
+    ids = partial(torch.arange, dtype=torch.float64, device=slopes.device)
+    mask = -side * m * (ids(keys.start, keys.stop) - edge)  # (H, keys)
+    row = side * m * (ids(rows.start, rows.stop) - edge)  # (H, rows)
+    return mask.to(diagonal.dtype)[None, :, None], row.to(diagonal.dtype)
 
 
 def _row_blocks(n: int, block: int, causal: bool):
@@ -54,18 +66,17 @@ def _row_blocks(n: int, block: int, causal: bool):
 class _SlopeAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, slopes, scale, causal, block):
-        key_term = _centred(slopes, q.shape[-2], q.dtype)
         diagonal = _Diagonal(slopes, q.dtype, causal)
         out, lse = torch.empty_like(q), q.new_empty(q.shape[:-1])
         for rows, pieces in _row_blocks(q.shape[-2], block, causal):
             outs, lses = [], []
             for keys, side in pieces:
-                mask = _mask(key_term, diagonal, rows, keys, side)
+                mask, row = _piece_terms(slopes, diagonal, rows, keys, side)
                 o, l = _flash(
                     q[:, :, rows], k[:, :, keys], v[:, :, keys], attn_mask=mask, scale=scale
                 )
                 outs.append(o)
-                lses.append(l + side * key_term[0, :, 0, rows])  # the row constant left out
+                lses.append(l + row)  # the row constant the kernel left out
             total = torch.stack(lses).logsumexp(0)
             out[:, :, rows] = sum(
                 o * (l - total).exp()[..., None] for o, l in zip(outs, lses, strict=True)
@@ -79,16 +90,15 @@ class _SlopeAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, slopes, out, lse = ctx.saved_tensors
         scale, causal, block = ctx.settings
-        key_term = _centred(slopes, q.shape[-2], q.dtype)
         diagonal = _Diagonal(slopes, q.dtype, causal)
         grad = grad_out.contiguous()
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for rows, pieces in _row_blocks(q.shape[-2], block, causal):
             for keys, side in pieces:
-                mask = _mask(key_term, diagonal, rows, keys, side)
+                mask, row = _piece_terms(slopes, diagonal, rows, keys, side)
                 # the kernel's probabilities are exp(its logit - the lse it is given), and its
                 # logit lacks the row constant: that goes into the lse instead
-                row_lse = lse[:, :, rows] - side * key_term[0, :, 0, rows]
+                row_lse = lse[:, :, rows] - row
                 g_q, g_k, g_v = _flash_backward(
                     grad[:, :, rows], q[:, :, rows], k[:, :, keys], v[:, :, keys],
                     out[:, :, rows], row_lse, 0.0, False, attn_mask=mask, scale=scale,
@@ -115,14 +125,6 @@ class _Diagonal:
                 bias = bias.masked_fill(i[None, :] > i[:, None], torch.finfo(self.dtype).min)
             self.cache[size] = bias[None]  # (1, H, size, size)
         return self.cache[size]
-
-
-def _mask(key_term: Tensor, diagonal: _Diagonal, rows: slice, keys: slice, side: int):
-    """The piece's mask: the diagonal block's dense bias, or the row that every query of the
-    block shares: ``m (j - c)`` for the keys below it, ``-m (j - c)`` for those above."""
-    if side == 0:
-        return diagonal(rows.stop - rows.start)
-    return (-side * key_term[..., keys]).contiguous()  # (1, H, 1, keys)
 
 
 def slope_attention(
