@@ -43,9 +43,16 @@ class World:
         """Rank 0's decision for everyone (a stop, say), so no rank waits forever."""
         if self.size == 1:
             return flag
-        t = torch.tensor([int(flag)])
+        t = torch.tensor([int(flag)], device=collective_device())
         dist.broadcast(t, src=0)
         return bool(t.item())
+
+
+def collective_device() -> torch.device:
+    """Where a tensor for a collective must live: NCCL takes CUDA tensors only, gloo CPU ones."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 class PeerLost(RuntimeError):
