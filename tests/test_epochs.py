@@ -54,3 +54,18 @@ def test_log_epoch_appends_one_line_per_finished_epoch(tmp_path):
         "images_per_s": 12.5,
         "val_top1": 50.0,
     }
+
+
+def test_epoch_batches_refuse_a_loader_that_disagrees_with_the_epoch_length():
+    from posenc_cli.runs.epochs import epoch_batches
+
+    good = epoch_batches(lambda epoch: [f"{epoch}.{i}" for i in range(2)], per_epoch=2)
+    stream = good(2)  # resumed at step 2: epoch 1 first
+    assert [next(stream) for _ in range(3)] == ["1.0", "1.1", "2.0"]
+    short = epoch_batches(lambda epoch: ["only"], per_epoch=2)(0)
+    assert next(short) == "only"
+    with pytest.raises(RuntimeError, match="gave 1 batches; the loop counts 2"):
+        next(short)
+    empty = epoch_batches(lambda epoch: [], per_epoch=3)(0)
+    with pytest.raises(RuntimeError, match="gave 0 batches"):  # not an endless loop
+        next(empty)

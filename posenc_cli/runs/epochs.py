@@ -70,7 +70,14 @@ def epoch_batches(
 
     def batches(first: int) -> Iterator[Any]:
         for epoch in itertools.count(first // per_epoch):
-            yield from loader(epoch)
+            count = 0
+            for batch in loader(epoch):
+                count += 1
+                yield batch
+            if count != per_epoch:  # epochs would drift off the loop's count (or never end)
+                raise RuntimeError(
+                    f"epoch {epoch} gave {count} batches; the loop counts {per_epoch}"
+                )
 
     return batches
 
