@@ -31,17 +31,12 @@ def shifted(padded: Tensor, reach: int, offset: tuple[int, int], rows: slice, wi
     ]
 
 
-def slot_offsets(offsets: Tensor) -> tuple[list[tuple[int, int]], int]:
-    """The ``(K, 2)`` offsets as pairs, and how far the farthest reaches (the grids' padding)."""
-    offs = [(int(a), int(b)) for a, b in offsets.tolist()]
-    return offs, max((max(abs(a), abs(b)) for a, b in offs), default=0)
-
-
 def grids(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, height: int, width: int):
     """``(offsets as pairs, reach, q on the grid, k and v on the grid padded by reach)``, the
     grids ``shifted`` takes views of; ``(B, H, N, d)`` in, ``(B, H, h(+2r), w(+2r), d)`` out."""
     B, H, _, d = q.shape
-    offs, reach = slot_offsets(offsets)
+    offs = [(int(a), int(b)) for a, b in offsets.tolist()]
+    reach = max((max(abs(a), abs(b)) for a, b in offs), default=0)
     pad = (0, 0, reach, reach, reach, reach)
     q5 = q.reshape(B, H, height, width, d)
     kp = F.pad(k.reshape(B, H, height, width, d), pad)
@@ -92,16 +87,15 @@ class _SlotAttention(torch.autograd.Function):
             lse[:, :, rows] = torch.where(kept, m + torch.log(torch.where(kept, total, 1.0)), neg)
         # the padded grids, not k and v: the backward reads them as they are, so it need not
         # pad k and v again while they are still held
-        ctx.save_for_backward(q, kp, vp, bias, out, lse, offsets, valid)
-        ctx.scale, ctx.height, ctx.width = scale, height, width
+        ctx.save_for_backward(q, kp, vp, bias, out, lse, valid)
+        ctx.scale, ctx.height, ctx.width, ctx.offs, ctx.reach = scale, height, width, offs, reach
         return out.reshape(B, H, N, d), lse.reshape(B, H, N)
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        q, kp, vp, bias, out, lse, offsets, valid = ctx.saved_tensors
-        scale, height, width = ctx.scale, ctx.height, ctx.width
+        q, kp, vp, bias, out, lse, valid = ctx.saved_tensors
+        scale, height, width, offs, reach = ctx.scale, ctx.height, ctx.width, ctx.offs, ctx.reach
         B, H, N, d = q.shape
-        offs, reach = slot_offsets(offsets)
         q5 = q.reshape(B, H, height, width, d)
         mask = valid.reshape(height, width, -1)
         bias5 = None if bias is None else _grid_bias(bias, height, width)
