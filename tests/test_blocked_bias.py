@@ -70,7 +70,7 @@ def test_distance_table_gives_the_encodings_own_bias(name):
     k_pos = torch.arange(5, 60)
     q_pos = k_pos[10:]
     table, low = enc.distance_table(q, q_pos, k_pos)
-    gather = blocked_bias.table_lookup(table, low)
+    gather = blocked_bias.DistanceTable(table, low)
     assert table.shape == (4, (59 - 15) - (5 - 59) + 1) and low == 5 - 59
     rows, keys = q_pos[7:30], k_pos[2:50]
     torch.testing.assert_close(
@@ -130,7 +130,7 @@ def test_attention_module_takes_the_blocked_path_with_the_same_result(monkeypatc
         positions = grid_positions(5, 6, prefix=1)
     else:
         att = Attention(32, 4, build_encoding(name, dim=32, heads=4, head_dim=8)).double()
-        # a gap in the positions: over consecutive ones ALiBi takes its own flash-only kernel
+        # a gap in the positions: the blocks are gathered, not viewed
         positions = torch.cat([torch.arange(15), torch.arange(16) + 20])
     assert att.encoding.content_free
     x = torch.randn(2, 31, 32, dtype=torch.float64, requires_grad=True)
@@ -206,9 +206,114 @@ def test_sparse_positions_skip_the_distance_table(monkeypatch):
     positions = torch.randperm(100_000)[:40].sort().values
     x = torch.randn(2, 40, 32, dtype=torch.float64)
     monkeypatch.setattr(
-        blocked_bias, "table_lookup", lambda *a: pytest.fail("a table over 100,000 distances")
+        att.encoding, "distance_table", lambda *a: pytest.fail("a table over 100,000 distances")
     )
     route_blocked(monkeypatch, True)
     fast = att(x, positions=positions)
     route_blocked(monkeypatch, False)
     torch.testing.assert_close(fast, att(x, positions=positions), rtol=0, atol=1e-12)
+
+
+def test_flipped_block_is_the_gathered_block_reversed_read_in_place():
+    """The view the flash kernel takes: the same numbers as the gather, rows reversed, and no
+    memory of its own (it lies in the table's storage)."""
+    torch.manual_seed(0)
+    table, low = torch.randn(4, 200, dtype=torch.float64), -120
+    lookup = blocked_bias.DistanceTable(table, low)
+    rows, keys = torch.arange(30, 47), torch.arange(5, 70)
+    view = lookup.flipped(rows, keys, False, torch.float64)
+    torch.testing.assert_close(view, lookup(None, None, rows, keys).flip(-2), rtol=0, atol=0)
+    assert view.untyped_storage().data_ptr() == table.untyped_storage().data_ptr()
+    masked = lookup.flipped(rows, keys, True, torch.float64).flip(-2)
+    ahead = keys[None, :] > rows[:, None]
+    assert (masked[0][:, ahead] == torch.finfo(torch.float64).min).all()
+    torch.testing.assert_close(masked[0][:, ~ahead], view.flip(-2)[0][:, ~ahead], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["alibi", "kerple", "sandwich", "t5"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("memory", [0, 7])
+def test_distance_table_kernel_equals_dense_attention(name, causal, memory):
+    """Over consecutive positions the blocks read the table as a view; learned tables still get
+    their gradient (through the gather, block by block)."""
+    torch.manual_seed(0)
+    enc = build_encoding(name, dim=32, heads=4, head_dim=8, causal=causal).double()
+    N = 45
+    q, k, v = qkv(4, N, N + memory)
+    k_pos = torch.arange(3, 3 + N + memory)
+    q_pos = k_pos[memory:]
+    table, low = enc.distance_table(q, q_pos, k_pos)
+    learned = [table] if table.requires_grad else []
+    params = [p for p in enc.parameters() if p.requires_grad]
+    out = blocked_bias.blocked_bias_attention(
+        q, k, v, q_pos, k_pos, blocked_bias.DistanceTable(table, low), learned, 8**-0.5, causal,
+        16,
+    )  # fmt: skip
+    ref = dense(q, k, v, enc.bias(q, k, q_pos, k_pos), q_pos, k_pos, 8**-0.5, causal)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    inputs = [q, k, v, *params]
+    for got, want in zip(grads_of(out, inputs, 1), grads_of(ref, inputs, 1), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-11)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_fixed_distance_table_is_never_gathered(monkeypatch, causal):
+    """Sandwich learns nothing: forward and backward take the view, so no block is built."""
+    enc = build_encoding("sandwich", dim=32, heads=4, head_dim=8, causal=causal).double()
+    monkeypatch.setattr(
+        blocked_bias.DistanceTable, "__call__", lambda *a: pytest.fail("a block was gathered")
+    )
+    q, k, v = qkv(4, 40, 40)
+    pos = torch.arange(40)
+    table, low = enc.distance_table(q, pos, pos)
+    out = blocked_bias.blocked_bias_attention(
+        q, k, v, pos, pos, blocked_bias.DistanceTable(table, low), [], 0.3, causal, 16
+    )
+    out.sum().backward()
+    ref = dense(q, k, v, enc.bias(q, k, pos, pos), pos, pos, 0.3, causal)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["alibi", "sandwich", "kerple"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_module_reads_the_distance_table_over_consecutive_positions(monkeypatch, name, causal):
+    torch.manual_seed(1)
+    enc = build_encoding(name, dim=32, heads=4, head_dim=8, causal=causal)
+    att = Attention(32, 4, enc, causal=causal).double()
+    x = torch.randn(2, 20, 32, dtype=torch.float64, requires_grad=True)
+    inputs = [x, *att.parameters()]
+    viewed = []
+    real = blocked_bias.DistanceTable.flipped
+    monkeypatch.setattr(
+        blocked_bias.DistanceTable, "flipped", lambda *a: viewed.append(1) or real(*a)
+    )
+
+    def run(blocked: bool):
+        calls = route_blocked(monkeypatch, blocked)
+        out = att(x, offset=5)  # positions 5 .. 24: still consecutive
+        return out, grads_of(out, inputs, 2), bool(calls)
+
+    fast, fast_grads, took = run(True)
+    slow, slow_grads, took_slow = run(False)
+    assert took and viewed and not took_slow
+    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-12)
+    for got, want in zip(fast_grads, slow_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-11)
+
+
+def test_float32_alibi_over_a_long_input_keeps_the_dense_paths_precision():
+    """The view holds the same float32 numbers as the dense bias, so the error stays the dense
+    float32 path's own (about 5e-7 here) at 4096 tokens and the steepest 8-head slope."""
+    torch.manual_seed(0)
+    enc = build_encoding("alibi", dim=16, heads=1, head_dim=16)
+    enc.slopes = [0.5]
+    q, k, v = (torch.randn(1, 1, 4096, 16) for _ in range(3))
+    pos = torch.arange(4096)
+    for causal in (False, True):
+        table, low = enc.distance_table(q, pos, pos)
+        got = blocked_bias.blocked_bias_attention(
+            q, k, v, pos, pos, blocked_bias.DistanceTable(table, low), [], 0.25, causal
+        )
+        bias = enc.bias(q.double(), k.double(), pos, pos)
+        want = dense(q.double(), k.double(), v.double(), bias, pos, pos, 0.25, causal)
+        assert (got.double() - want).abs().max() < 2e-6

@@ -15,9 +15,8 @@ Conventions (DESIGN.md section 3):
   paper's causal form ``-slope_h * (i - j)``. (The reference code adds ``slope_h * j`` instead,
   which differs from ``-slope_h * (i - j)`` by a constant per query row, and softmax ignores it.)
 - The scale on q.k stays the default 1/sqrt(d); the bias is added unscaled, in logit units.
-- On the CPU, square self-attention over consecutive positions runs on the flash kernel with the
-  slopes as one number per key for the keys below and above each block of queries
-  (``kernels/slope_bias.py``): no ``(N, N)`` bias, memory linear in N.
+- On long inputs over consecutive positions the CPU flash kernel reads the bias as a view of its
+  value per distance (``kernels/blocked_bias.py``): no ``(N, N)`` bias, memory linear in N.
 - No learned parameters; one instance serves all layers. Slopes are computed in float64 and the
   bias in float32 (float64 when q is float64), then cast to q's dtype by the attention module, so
   half-precision models do not round the slopes.
@@ -32,8 +31,6 @@ from torch import Tensor
 
 from posenc_cli.encodings.base import PositionEncoding, relative_positions
 from posenc_cli.errors import UsageError
-from posenc_cli.kernels import slope_bias
-from posenc_cli.kernels.positions import consecutive
 
 
 def geometric_slopes(num_heads: int) -> list[float]:
@@ -76,13 +73,6 @@ class ALiBi(PositionEncoding):
             values = torch.tensor(self.slopes, dtype=torch.float64)
             self._slope_cache[key] = values.to(device=device, dtype=dtype).view(-1, 1, 1)
         return self._slope_cache[key]
-
-    def attend(self, q, k, v, q_pos, k_pos, scale, causal) -> Tensor | None:
-        """Through the flash kernel alone where it can (see the module docstring)."""
-        if not slope_bias.serves(q, k, consecutive(k_pos)):
-            return None
-        slopes = self.slope_tensor(q.device, torch.float64).view(-1)
-        return slope_bias.slope_attention(q, k, v, slopes, scale, causal)
 
     def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         dtype = torch.promote_types(q.dtype, torch.float32)

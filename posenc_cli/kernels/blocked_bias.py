@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from posenc_cli.kernels.biased_sdpa import reduce_to
+from posenc_cli.kernels.grid_bias import GridTable
 from posenc_cli.kernels.positions import consecutive
 
 BLOCK = 256  # query rows per block
@@ -79,32 +80,70 @@ def masked_bias(
     return bias
 
 
-def table_lookup(table: Tensor, low: int) -> BiasOfBlock:
+class DistanceTable:
     """The blocks of a bias of ``j - i`` alone from its value per distance, ``table`` ``(H, n)``
-    starting at distance ``low``. A block then costs a lookup instead of the encoding's
-    arithmetic, and the table's gradient (a sum over each diagonal, which autograd's
-    index_select backward gives) reaches the encoding's parameters through one autograd edge per
-    call instead of one per block."""
+    starting at distance ``low``.
 
-    def gather(q: Tensor, k: Tensor, rows: Tensor, keys: Tensor) -> Tensor:
+    Called, it gathers a block (for the backward of a learned table: the gather's autograd
+    backward sums each diagonal of the block's gradient into the table). ``flipped`` gives the
+    same block with its rows in reverse order as a view of the table itself, no copy: over
+    consecutive positions, row ``r`` (query ``e - 1 - r``) and key ``j`` read entry ``j + r``
+    from the block's start, so both strides are 1. The flash kernel reads an ``attn_mask`` by its
+    strides, so it takes that view in place, and no ``(rows, keys)`` tensor exists at all."""
+
+    def __init__(self, table: Tensor, low: int) -> None:
+        self.table, self.low = table, low
+        self._causal: Tensor | None = None
+
+    def __call__(self, q: Tensor, k: Tensor, rows: Tensor, keys: Tensor) -> Tensor:
         # int32 ids, shifted before the broadcast: one (rows, keys) index tensor, half the bytes
-        ids = keys.to(torch.int32)[None, :] - (rows.to(torch.int32) + low)[:, None]
-        return table.index_select(1, ids.flatten()).view(1, -1, *ids.shape)
+        ids = keys.to(torch.int32)[None, :] - (rows.to(torch.int32) + self.low)[:, None]
+        return self.table.index_select(1, ids.flatten()).view(1, -1, *ids.shape)
 
-    return gather
+    def flipped(self, rows: Tensor, keys: Tensor, causal: bool, dtype: torch.dtype) -> Tensor:
+        """``(1, H, rows, keys)``, row ``r`` holding the bias of query ``rows[-1 - r]``, the causal
+        mask folded into the table (the dtype's lowest value at every distance above 0)."""
+        table = self._masked(dtype) if causal else self.table.detach().to(dtype).contiguous()
+        start = int(keys[0] - rows[-1]) - self.low
+        shape = (1, table.shape[0], len(rows), len(keys))
+        return table.as_strided(shape, (0, table.stride(0), 1, 1), table.storage_offset() + start)
+
+    def _masked(self, dtype: torch.dtype) -> Tensor:
+        if self._causal is None or self._causal.dtype != dtype:
+            table = self.table.detach().to(dtype)
+            ahead = torch.arange(table.shape[1], device=table.device) + self.low > 0
+            self._causal = table.masked_fill(ahead, torch.finfo(dtype).min).contiguous()
+        return self._causal
+
+
+def _flipped_flash(q_b, k_b, v_b, mask, scale):
+    """One flash call on a block whose bias is a ``flipped`` view: the queries go in reversed to
+    match it, and the output and logsumexp come back in order."""
+    out, lse = _flash(q_b.flip(-2), k_b, v_b, attn_mask=mask, scale=scale)
+    return out.flip(-2), lse.flip(-1)
 
 
 class _BlockedBiasAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, q_pos, k_pos, scale, causal, block, bias_of_block, reads, *leaves):
+        if isinstance(bias_of_block, GridTable) and not causal and q.shape == k.shape:
+            out, lse = bias_of_block.attend(q, k, v, scale)
+            ctx.save_for_backward(q, k, v, out, lse, q_pos, k_pos, *leaves)
+            ctx.settings = (scale, causal, block, bias_of_block, reads)
+            return out
         out = torch.empty_like(q)
         lse = q.new_empty(q.shape[:-1])
-        for rows, keys in blocks(q_pos, k_pos, causal, block):
-            q_b, k_b = q[:, :, rows], k[:, :, keys]
+        viewed = _viewable(bias_of_block, q_pos, k_pos)
+        # a viewed bias costs no memory, so without a mask all rows go in one call
+        rows_per_call = block if causal or not viewed else len(q_pos)
+        for rows, keys in blocks(q_pos, k_pos, causal, rows_per_call):
+            q_b, k_b, v_b = q[:, :, rows], k[:, :, keys], v[:, :, keys]
+            if viewed:
+                mask = bias_of_block.flipped(q_pos[rows], k_pos[keys], causal, q.dtype)
+                out[:, :, rows], lse[:, :, rows] = _flipped_flash(q_b, k_b, v_b, mask, scale)
+                continue
             bias = masked_bias(bias_of_block, q_b, k_b, q_pos[rows], k_pos[keys], causal)
-            out[:, :, rows], lse[:, :, rows] = _flash(
-                q_b, k_b, v[:, :, keys], attn_mask=bias, scale=scale
-            )
+            out[:, :, rows], lse[:, :, rows] = _flash(q_b, k_b, v_b, attn_mask=bias, scale=scale)
         ctx.save_for_backward(q, k, v, out, lse, q_pos, k_pos, *leaves)
         ctx.settings = (scale, causal, block, bias_of_block, reads)
         return out
@@ -117,48 +156,126 @@ class _BlockedBiasAttention(torch.autograd.Function):
         learned = [leaf for leaf, need in zip(leaves, needs, strict=True) if need]
         grad_out = grad_out.contiguous()
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        leaf_grads = [torch.zeros_like(leaf) for leaf in learned]
-        through_bias = bool(learned) or reads  # the bias has a gradient to pass on
-        row_dot = (grad_out * out).sum(-1, keepdim=True) if through_bias else None  # (B, H, N, 1)
-        for rows, keys in blocks(q_pos, k_pos, causal, block):
-            q_b, k_b, v_b, g_b = q[:, :, rows], k[:, :, keys], v[:, :, keys], grad_out[:, :, rows]
-            with torch.enable_grad():
-                # a content-dependent bias is differentiated at this block's q and k
-                q_in, k_in = (t.detach().requires_grad_(reads) for t in (q_b, k_b))
-                bias = masked_bias(bias_of_block, q_in, k_in, q_pos[rows], k_pos[keys], causal)
-            if not through_bias:
-                g_q, g_k, g_v = _flash_backward(
-                    g_b, q_b, k_b, v_b, out[:, :, rows], lse[:, :, rows], 0.0, False,
-                    attn_mask=bias.detach(), scale=scale,
-                )  # fmt: skip
-                dq[:, :, rows] += g_q
-                dk[:, :, keys] += g_k
-                dv[:, :, keys] += g_v
-                continue
-            # the bias gradient dS is also what dq, dk and dv are made of: one pass for all
-            q_s = q_b * scale  # scaled once here, not on every (rows, keys) block below
-            prob = torch.matmul(q_s, k_b.transpose(-2, -1))
-            prob.add_(bias.detach()).sub_(lse[:, :, rows, None]).exp_()
-            dv[:, :, keys] += torch.matmul(prob.transpose(-2, -1), g_b)
-            d_score = torch.matmul(g_b, v_b.transpose(-2, -1))
-            d_score.sub_(row_dot[:, :, rows]).mul_(prob)  # (B, H, rows, keys)
-            dq[:, :, rows] = torch.matmul(d_score, k_b).mul_(scale)
-            dk[:, :, keys] += torch.matmul(d_score.transpose(-2, -1), q_s)
-            d_bias = reduce_to(d_score, bias.shape)  # a content-free bias is shared by the batch
-            inputs = [q_in, k_in, *learned] if reads else learned
-            parts = list(torch.autograd.grad(bias, inputs, d_bias, allow_unused=True))
-            if reads:
-                g_q, g_k = parts.pop(0), parts.pop(0)
-                if g_q is not None:
-                    dq[:, :, rows] += g_q
-                if g_k is not None:
-                    dk[:, :, keys] += g_k
-            for total, part in zip(leaf_grads, parts, strict=True):
-                if part is not None:
-                    total += part
+        if learned and not reads and _viewable(bias_of_block, q_pos, k_pos):
+            leaf_grads = [torch.zeros_like(learned[0])]  # a DistanceTable's one leaf, its table
+            _grads_through_table(
+                (q, k, v, out, lse, q_pos, k_pos, grad_out), (dq, dk, dv, leaf_grads[0]),
+                bias_of_block, scale, causal, block,
+            )  # fmt: skip
+        elif learned or reads:  # the bias has a gradient to pass on
+            leaf_grads = _grads_through_bias(
+                (q, k, v, out, lse, q_pos, k_pos, grad_out), (dq, dk, dv), learned,
+                bias_of_block, scale, causal, block, reads,
+            )  # fmt: skip
+        else:
+            _flash_grads(
+                (q, k, v, out, lse, q_pos, k_pos, grad_out), (dq, dk, dv), bias_of_block, scale,
+                causal, block,
+            )  # fmt: skip
+            leaf_grads = []
         per_leaf = iter(leaf_grads)
         grads = [next(per_leaf) if need else None for need in needs]
         return dq, dk, dv, None, None, None, None, None, None, None, *grads
+
+
+def _viewable(bias_of_block: BiasOfBlock, q_pos: Tensor, k_pos: Tensor) -> bool:
+    """Whether each block's bias can be a ``flipped`` view of a distance table."""
+    return isinstance(bias_of_block, DistanceTable) and consecutive(q_pos) and consecutive(k_pos)
+
+
+def _flash_grads(tensors, grads, bias_of_block, scale, causal, block) -> None:
+    """dq, dk and dv from the flash backward, block by block, when the bias needs no gradient."""
+    q, k, v, out, lse, q_pos, k_pos, grad_out = tensors
+    dq, dk, dv = grads
+    viewed = _viewable(bias_of_block, q_pos, k_pos)
+    rows_per_call = block if causal or not viewed else len(q_pos)
+    for rows, keys in blocks(q_pos, k_pos, causal, rows_per_call):
+        q_b, k_b, v_b = q[:, :, rows], k[:, :, keys], v[:, :, keys]
+        g_b, o_b, l_b = grad_out[:, :, rows], out[:, :, rows], lse[:, :, rows]
+        if viewed:  # the queries' side reversed, as the view's rows are
+            mask = bias_of_block.flipped(q_pos[rows], k_pos[keys], causal, q.dtype)
+            q_b, g_b, o_b, l_b = q_b.flip(-2), g_b.flip(-2), o_b.flip(-2), l_b.flip(-1)
+        else:
+            mask = masked_bias(bias_of_block, q_b, k_b, q_pos[rows], k_pos[keys], causal)
+        g_q, g_k, g_v = _flash_backward(
+            g_b, q_b, k_b, v_b, o_b, l_b, 0.0, False, attn_mask=mask.detach(), scale=scale
+        )
+        dq[:, :, rows] += g_q.flip(-2) if viewed else g_q
+        dk[:, :, keys] += g_k
+        dv[:, :, keys] += g_v
+
+
+def _grads_through_table(tensors, grads, table, scale, causal, block) -> None:
+    """dq, dk, dv and a learned distance table's gradient, block by block, the rows of each
+    block reversed to match its ``flipped`` view: the bias is read in place, and the table's
+    gradient is the sum of ``dS`` along each diagonal, ``skewed_sums``."""
+    q, k, v, out, lse, q_pos, k_pos, grad_out = tensors
+    dq, dk, dv, d_table = grads
+    row_dot = (grad_out * out).sum(-1, keepdim=True)  # (B, H, N, 1)
+    for rows, keys in blocks(q_pos, k_pos, causal, block):
+        k_b, v_b = k[:, :, keys], v[:, :, keys]
+        q_s = q[:, :, rows].flip(-2) * scale
+        g_b = grad_out[:, :, rows].flip(-2)
+        view = table.flipped(q_pos[rows], k_pos[keys], causal, q.dtype)
+        prob = torch.matmul(q_s, k_b.transpose(-2, -1))
+        prob.add_(view).sub_(lse[:, :, rows, None].flip(-2)).exp_()
+        dv[:, :, keys] += torch.matmul(prob.transpose(-2, -1), g_b)
+        d_score = torch.matmul(g_b, v_b.transpose(-2, -1))
+        d_score.sub_(row_dot[:, :, rows].flip(-2)).mul_(prob)  # (B, H, rows, keys)
+        dq[:, :, rows] = torch.matmul(d_score, k_b).mul_(scale).flip(-2)
+        dk[:, :, keys] += torch.matmul(d_score.transpose(-2, -1), q_s)
+        start = int(k_pos[keys][0] - q_pos[rows][-1]) - table.low
+        sums = skewed_sums(d_score)
+        d_table[:, start : start + sums.shape[-1]] += sums
+
+
+def skewed_sums(grad: Tensor) -> Tensor:
+    """``(H, rows + keys - 1)``: entry ``c`` sums ``grad[:, :, r, c - r]`` over the batch and the
+    rows, the gradient of every table entry a ``flipped`` view read. Summed over the batch
+    first, each row is copied into a zeroed buffer one column further right than the row above,
+    so one sum down the columns adds each diagonal."""
+    grad = grad.sum(0)  # (H, R, K)
+    H, R, K = grad.shape
+    W = R + K - 1
+    buffer = grad.new_zeros(H, R, W)
+    buffer.as_strided(grad.shape, (R * W, W + 1, 1)).copy_(grad)
+    return buffer.sum(1)
+
+
+def _grads_through_bias(tensors, grads, learned, bias_of_block, scale, causal, block, reads):
+    """dq, dk, dv and the learned leaves' gradients in one pass per block: the bias gradient dS
+    is also what dq, dk and dv are made of. Returns the leaves' gradients."""
+    q, k, v, out, lse, q_pos, k_pos, grad_out = tensors
+    dq, dk, dv = grads
+    leaf_grads = [torch.zeros_like(leaf) for leaf in learned]
+    row_dot = (grad_out * out).sum(-1, keepdim=True)  # (B, H, N, 1)
+    for rows, keys in blocks(q_pos, k_pos, causal, block):
+        q_b, k_b, v_b, g_b = q[:, :, rows], k[:, :, keys], v[:, :, keys], grad_out[:, :, rows]
+        with torch.enable_grad():
+            # a content-dependent bias is differentiated at this block's q and k
+            q_in, k_in = (t.detach().requires_grad_(reads) for t in (q_b, k_b))
+            bias = masked_bias(bias_of_block, q_in, k_in, q_pos[rows], k_pos[keys], causal)
+        q_s = q_b * scale  # scaled once here, not on every (rows, keys) block below
+        prob = torch.matmul(q_s, k_b.transpose(-2, -1))
+        prob.add_(bias.detach()).sub_(lse[:, :, rows, None]).exp_()
+        dv[:, :, keys] += torch.matmul(prob.transpose(-2, -1), g_b)
+        d_score = torch.matmul(g_b, v_b.transpose(-2, -1))
+        d_score.sub_(row_dot[:, :, rows]).mul_(prob)  # (B, H, rows, keys)
+        dq[:, :, rows] = torch.matmul(d_score, k_b).mul_(scale)
+        dk[:, :, keys] += torch.matmul(d_score.transpose(-2, -1), q_s)
+        d_bias = reduce_to(d_score, bias.shape)  # a content-free bias is shared by the batch
+        inputs = [q_in, k_in, *learned] if reads else learned
+        parts = list(torch.autograd.grad(bias, inputs, d_bias, allow_unused=True))
+        if reads:
+            g_q, g_k = parts.pop(0), parts.pop(0)
+            if g_q is not None:
+                dq[:, :, rows] += g_q
+            if g_k is not None:
+                dk[:, :, keys] += g_k
+        for total, part in zip(leaf_grads, parts, strict=True):
+            if part is not None:
+                total += part
+    return leaf_grads
 
 
 def blocked_bias_attention(

@@ -35,7 +35,9 @@ from posenc_cli.encodings.base import PositionEncoding, grid_shape
 from posenc_cli.errors import UsageError
 from posenc_cli.kernels import blocked_bias, flex
 from posenc_cli.kernels.biased_sdpa import EXPLICIT_MAX_PAIRS, biased_attention
+from posenc_cli.kernels.grid_bias import GridTable
 from posenc_cli.kernels.positions import dense as dense_positions
+from posenc_cli.kernels.positions import row_major_grid
 from posenc_cli.models import flex_path, linear_form
 from posenc_cli.models.window import check_global, check_pattern, window_attention
 
@@ -221,8 +223,12 @@ class Attention(nn.Module):
         learned = [p for p in encoding.parameters() if p.requires_grad]
         if encoding.toeplitz and dense_positions(k_pos):
             table, low = encoding.distance_table(q, q_pos, k_pos)
-            bias_of_block = blocked_bias.table_lookup(table, low)
+            bias_of_block = blocked_bias.DistanceTable(table, low)
             learned = [table] if table.requires_grad else []
+        elif encoding.toeplitz and not self.causal and torch.equal(q_pos, k_pos):
+            layout = row_major_grid(k_pos)  # an image's patches: the bias read as views
+            if layout is not None:
+                bias_of_block = GridTable(encoding.bias, q, k_pos, layout)
         return blocked_bias.blocked_bias_attention(
             q, k, v, q_pos, k_pos, bias_of_block, learned, scale, self.causal,
             reads_content=not encoding.content_free,
