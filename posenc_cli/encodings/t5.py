@@ -67,6 +67,7 @@ from posenc_cli.encodings.adaptive import Auto, is_auto
 from posenc_cli.encodings.base import PositionEncoding, relative_positions, table_bias
 from posenc_cli.errors import UsageError
 from posenc_cli.kernels import clipped_attention, soft_index
+from posenc_cli.kernels.positions import consecutive
 
 Breakpoints = Literal["fixed", "learned"]
 
@@ -309,12 +310,13 @@ class T5Bias(PositionEncoding):
         is stretched: there the buckets are not the precomputed band's."""
         if self.learned or self.stretched(q_pos, k_pos):
             return None
-        keys = clipped_attention.SATURATED_MIN_KEYS
-        if not torch.is_grad_enabled():  # no table gradient: the fused mask path holds longer
-            keys = clipped_attention.SATURATED_MIN_KEYS_NO_GRAD
-        usable = k.shape[-2] >= keys * (len(self.band_lookup) // 2) and clipped_attention.applies(
-            q, k_pos
-        )
+        if not torch.is_grad_enabled() and consecutive(q_pos) and consecutive(k_pos):
+            # no table gradient: the flash kernel reads the distance table as a view and no
+            # band is computed explicitly (kernels/blocked_bias.py; 1.02x of none against this
+            # kernel's 1.53x in posenc profile at N = 2048)
+            return None
+        keys = clipped_attention.SATURATED_MIN_KEYS * (len(self.band_lookup) // 2)
+        usable = k.shape[-2] >= keys and clipped_attention.applies(q, k_pos)
         if not usable:
             return None
         table = self.table.weight.t().to(q.dtype)  # (H, nb)

@@ -55,10 +55,6 @@ MIN_PAIRS = 256 * 256
 # several times K keys on: at N=512 it measured 1.27x of no encoding against 1.35x for
 # biased_sdpa, at N=256 1.28x against 1.16x.
 SATURATED_MIN_KEYS = 5
-# Without a gradient (a forward pass; posenc profile's shape, batch 1, width 256) the flash kernel
-# with T5's full bias as its mask is as fast up to N=1024 (1.9x of no encoding against 2.05x
-# here); at N=2048 this kernel measured 1.61x the time and 2.5x the memory against 4.2x and 8x.
-SATURATED_MIN_KEYS_NO_GRAD = 16
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
