@@ -16,7 +16,9 @@ bias of queries ``[s, e)`` can be asked of the encoding when that block is reach
   recomputed for the block with autograd on.
 
 Only one block's bias exists at a time, so memory grows linearly in N (q, k, v, the output, the
-logsumexp and one ``(H, BLOCK, Nk)`` block).
+logsumexp and one ``(H, BLOCK, Nk)`` block). Often not even that: a bias of ``j - i`` over
+consecutive positions (``DistanceTable``) is a view of its table per distance that the kernel
+reads in place, and so is a grid bias of the 2D offset, column by column (``grid_bias``).
 """
 
 from __future__ import annotations
