@@ -317,3 +317,56 @@ def test_float32_alibi_over_a_long_input_keeps_the_dense_paths_precision():
         bias = enc.bias(q.double(), k.double(), pos, pos)
         want = dense(q.double(), k.double(), v.double(), bias, pos, pos, 0.25, causal)
         assert (got.double() - want).abs().max() < 2e-6
+
+
+def test_a_leaf_the_table_was_computed_from_gets_its_gradient_through_autograd():
+    """``leaves`` may be any tensors the table comes from (here ALiBi-like slopes): only the
+    table itself takes the diagonal sums."""
+    torch.manual_seed(0)
+    slope = torch.tensor([0.5, 0.25, 0.125, 0.0625], dtype=torch.float64, requires_grad=True)
+    q, k, v = qkv(4, 30, 30)
+    pos = torch.arange(30)
+    distances = torch.arange(-29, 30, dtype=torch.float64)
+    table = -slope[:, None] * distances.abs()
+    out = blocked_bias.blocked_bias_attention(
+        q, k, v, pos, pos, blocked_bias.DistanceTable(table, -29), [slope], 0.3, True, 8
+    )
+    bias = (-slope[:, None, None] * (pos[None, :] - pos[:, None]).abs())[None]
+    ref = dense(q, k, v, bias, pos, pos, 0.3, True)
+    for got, want in zip(grads_of(out, [q, slope], 1), grads_of(ref, [q, slope], 1), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-11)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_fixed_table_gradients_equal_the_dense_ones(causal):
+    enc = build_encoding("sandwich", dim=32, heads=4, head_dim=8, causal=causal).double()
+    q, k, v = qkv(4, 40, 47)
+    k_pos = torch.arange(47)
+    q_pos = k_pos[7:]
+    table, low = enc.distance_table(q, q_pos, k_pos)
+    out = blocked_bias.blocked_bias_attention(
+        q, k, v, q_pos, k_pos, blocked_bias.DistanceTable(table, low), [], 0.3, causal, 16
+    )
+    ref = dense(q, k, v, enc.bias(q, k, q_pos, k_pos), q_pos, k_pos, 0.3, causal)
+    for got, want in zip(grads_of(out, [q, k, v], 1), grads_of(ref, [q, k, v], 1), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-11)
+
+
+def test_t5_without_gradients_reads_its_table_as_a_view(monkeypatch):
+    torch.manual_seed(0)
+    enc = build_encoding("t5", dim=32, heads=4, head_dim=8)
+    torch.nn.init.normal_(enc.table.weight)
+    att = Attention(32, 4, enc).double()
+    x = torch.randn(2, 40, 32, dtype=torch.float64)
+    viewed = []
+    real = blocked_bias.DistanceTable.flipped
+    monkeypatch.setattr(
+        blocked_bias.DistanceTable, "flipped", lambda *a: viewed.append(1) or real(*a)
+    )
+    with torch.no_grad():
+        route_blocked(monkeypatch, True)
+        fast = att(x)
+        route_blocked(monkeypatch, False)
+        slow = att(x)
+    assert viewed
+    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-12)

@@ -36,7 +36,7 @@ def dense(q, k, v, bias, scale):
 
 
 @pytest.mark.parametrize("name, params", SETTINGS)
-@pytest.mark.parametrize("rows, cols, prefix", [(5, 7, 0), (6, 4, 1), (3, 3, 2)])
+@pytest.mark.parametrize("rows, cols, prefix", [(5, 7, 0), (6, 4, 1), (3, 3, 2), (7, 1, 2)])
 def test_column_views_give_the_dense_attention(name, params, rows, cols, prefix):
     torch.manual_seed(0)
     enc = encoding(name, params, rows, cols, prefix)
@@ -79,7 +79,7 @@ def test_the_column_views_lie_in_the_column_tables():
         grid_positions(4, 5, 1)[:-1],  # a grid missing a patch
         grid_positions(1, 5, 1),  # one row: nothing to view
         torch.arange(10),  # a sequence
-        torch.cat([grid_positions(3, 3)[:2], grid_positions(1, 1, 1), grid_positions(3, 3)[2:]]),
+        torch.cat([grid_positions(3, 3)[:2], grid_positions(0, 0, 1), grid_positions(3, 3)[2:]]),
     ],
 )
 def test_only_the_row_major_layout_is_taken(positions):
@@ -125,3 +125,39 @@ def test_no_forward_call_asks_for_a_square_bias():
     q, k, v = (torch.randn(1, 4, 65, 8, dtype=torch.float64) for _ in range(3))
     GridTable(bias, q, pos, (8, 8, 1)).attend(q, k, v, 0.3)
     assert sorted(asked) == [(1, 65), (4, 64), (64, 1)]
+
+
+def test_float32_views_keep_float32_precision():
+    torch.manual_seed(0)
+    enc = encoding("swin", {}, 6, 5, 1).float()
+    pos = grid_positions(6, 5, 1)
+    q, k, v = (torch.randn(3, 4, len(pos), 8) for _ in range(3))
+    out, _ = GridTable(enc.bias, q, pos, row_major_grid(pos)).attend(q, k, v, 0.3)
+    want = dense(q.double(), k.double(), v.double(), enc.bias(q, k, pos, pos).double(), 0.3)
+    assert (out.double() - want).abs().max() < 1e-5
+
+
+def test_a_frozen_grid_bias_takes_the_flash_backward(monkeypatch):
+    torch.manual_seed(0)
+    att = Attention(32, 4, encoding("swin", {}, 5, 6, 1)).double()
+    att.encoding.requires_grad_(False)
+    pos = grid_positions(5, 6, prefix=1)
+    x = torch.randn(2, 31, 32, dtype=torch.float64, requires_grad=True)
+
+    def run(blocked: bool):
+        monkeypatch.setattr(blocked_bias, "MIN_PAIRS", 1 if blocked else 1 << 40)
+        out = att(x, positions=pos)
+        torch.manual_seed(2)
+        return out, torch.autograd.grad(out, x, torch.randn_like(out))[0]
+
+    (fast, fast_grad), (slow, slow_grad) = run(True), run(False)
+    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-12)
+    torch.testing.assert_close(fast_grad, slow_grad, rtol=0, atol=1e-11)
+
+
+def test_a_table_laid_out_for_other_positions_is_not_used():
+    enc = encoding("swin", {}, 4, 4, 0)
+    table = GridTable(enc.bias, torch.zeros(1, 4, 1, 8), grid_positions(4, 4), (4, 4, 0))
+    assert table.serves(grid_positions(4, 4), grid_positions(4, 4), False)
+    assert not table.serves(grid_positions(4, 4), grid_positions(4, 4), True)
+    assert not table.serves(grid_positions(4, 4).flip(0), grid_positions(4, 4), False)

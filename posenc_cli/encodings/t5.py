@@ -310,7 +310,8 @@ class T5Bias(PositionEncoding):
         is stretched: there the buckets are not the precomputed band's."""
         if self.learned or self.stretched(q_pos, k_pos):
             return None
-        if not torch.is_grad_enabled() and consecutive(q_pos) and consecutive(k_pos):
+        viewable = self.toeplitz and consecutive(q_pos) and consecutive(k_pos)
+        if not torch.is_grad_enabled() and viewable:
             # no table gradient: the flash kernel reads the distance table as a view and no
             # band is computed explicitly (kernels/blocked_bias.py; 1.02x of none against this
             # kernel's 1.53x in posenc profile at N = 2048)

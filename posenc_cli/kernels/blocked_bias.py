@@ -128,7 +128,7 @@ def _flipped_flash(q_b, k_b, v_b, mask, scale):
 class _BlockedBiasAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, q_pos, k_pos, scale, causal, block, bias_of_block, reads, *leaves):
-        if isinstance(bias_of_block, GridTable) and not causal and q.shape == k.shape:
+        if isinstance(bias_of_block, GridTable) and bias_of_block.serves(q_pos, k_pos, causal):
             out, lse = bias_of_block.attend(q, k, v, scale)
             ctx.save_for_backward(q, k, v, out, lse, q_pos, k_pos, *leaves)
             ctx.settings = (scale, causal, block, bias_of_block, reads)
@@ -158,8 +158,9 @@ class _BlockedBiasAttention(torch.autograd.Function):
         learned = [leaf for leaf, need in zip(leaves, needs, strict=True) if need]
         grad_out = grad_out.contiguous()
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        if learned and not reads and _viewable(bias_of_block, q_pos, k_pos):
-            leaf_grads = [torch.zeros_like(learned[0])]  # a DistanceTable's one leaf, its table
+        viewed = _viewable(bias_of_block, q_pos, k_pos)
+        if not reads and viewed and _table_is_the_leaf(bias_of_block, learned):
+            leaf_grads = [torch.zeros_like(learned[0])]
             _grads_through_table(
                 (q, k, v, out, lse, q_pos, k_pos, grad_out), (dq, dk, dv, leaf_grads[0]),
                 bias_of_block, scale, causal, block,
@@ -178,6 +179,13 @@ class _BlockedBiasAttention(torch.autograd.Function):
         per_leaf = iter(leaf_grads)
         grads = [next(per_leaf) if need else None for need in needs]
         return dq, dk, dv, None, None, None, None, None, None, None, *grads
+
+
+def _table_is_the_leaf(bias_of_block: BiasOfBlock, learned: list[Tensor]) -> bool:
+    """Whether the one learned tensor is a ``DistanceTable``'s own table, so its gradient is the
+    diagonal sums of ``dS`` (a leaf the table was computed from goes through autograd)."""
+    table = getattr(bias_of_block, "table", None)
+    return len(learned) == 1 and learned[0] is table
 
 
 def _viewable(bias_of_block: BiasOfBlock, q_pos: Tensor, k_pos: Tensor) -> bool:
@@ -267,7 +275,10 @@ def _grads_through_bias(tensors, grads, learned, bias_of_block, scale, causal, b
         dk[:, :, keys] += torch.matmul(d_score.transpose(-2, -1), q_s)
         d_bias = reduce_to(d_score, bias.shape)  # a content-free bias is shared by the batch
         inputs = [q_in, k_in, *learned] if reads else learned
-        parts = list(torch.autograd.grad(bias, inputs, d_bias, allow_unused=True))
+        # retained: a table computed once before the blocks (from ``leaves``) is shared by them
+        parts = list(
+            torch.autograd.grad(bias, inputs, d_bias, allow_unused=True, retain_graph=True)
+        )
         if reads:
             g_q, g_k = parts.pop(0), parts.pop(0)
             if g_q is not None:

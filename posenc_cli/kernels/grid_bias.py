@@ -9,7 +9,7 @@ column (row ``R - 1 - r``) and key ``j = y * C + x'`` read entry ``j + r * C`` o
 ``U[x] = T[:, :, C - 1 - x : 2C - 1 - x]`` laid out flat. So a column's whole bias is a strided
 view of ``U[x]``, which the flash kernel reads in place (it takes ``attn_mask`` by its strides),
 and ``U`` holds ``C`` tables of ``(2R - 1) x C``: about ``2 N C`` numbers per head instead of
-``N^2``.
+``N^2`` (``(2R - 1) / R^2`` of it, so the saving shrinks on wide grids of few rows).
 
 Prefix tokens are the pieces a view cannot hold: the prefix queries see every key with the
 encoding's own (small, ``(H, P, N)``) bias, and the patches' view over the patch keys merges
@@ -39,6 +39,11 @@ class GridTable:
         self.rows, self.cols, self.prefix = layout
         self._columns: Tensor | None = None
         self._probe = q[:1, :, :1]  # the encodings read q and k for their dtype and device only
+
+    def serves(self, q_pos: Tensor, k_pos: Tensor, causal: bool) -> bool:
+        """Self-attention without a mask over the positions this table was laid out for."""
+        same = torch.equal(q_pos, self.positions) and torch.equal(k_pos, self.positions)
+        return not causal and same
 
     def __call__(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         return self.bias(q, k, q_pos, k_pos)
@@ -102,4 +107,5 @@ class GridTable:
             out[:, :, :P], lse[:, :, :P] = _flash(
                 q[:, :, :P], k, v, attn_mask=head_bias, scale=scale
             )
+        self._columns = None  # the backward asks the encoding per block; free the slices now
         return out, lse
