@@ -70,6 +70,12 @@ def blocks(q_pos: Tensor, k_pos: Tensor, causal: bool, block: int):
         yield slice(s, e), slice(0, Nk - Nq + e if prefix else Nk)
 
 
+def flash_blocks(q_pos: Tensor, k_pos: Tensor, causal: bool, block: int, viewed: bool):
+    """The ``blocks`` of the flash calls: a viewed bias costs no memory, so without a mask all
+    rows go in one call."""
+    return blocks(q_pos, k_pos, causal, block if causal or not viewed else len(q_pos))
+
+
 def masked_bias(
     bias_of_block: BiasOfBlock, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, causal: bool
 ) -> Tensor:
@@ -95,27 +101,36 @@ class DistanceTable:
 
     def __init__(self, table: Tensor, low: int) -> None:
         self.table, self.low = table, low
-        self._causal: Tensor | None = None
+        self._read: dict[tuple[torch.dtype, bool], Tensor] = {}  # what the views read
 
     def __call__(self, q: Tensor, k: Tensor, rows: Tensor, keys: Tensor) -> Tensor:
         # int32 ids, shifted before the broadcast: one (rows, keys) index tensor, half the bytes
         ids = keys.to(torch.int32)[None, :] - (rows.to(torch.int32) + self.low)[:, None]
         return self.table.index_select(1, ids.flatten()).view(1, -1, *ids.shape)
 
+    def start(self, rows: Tensor, keys: Tensor) -> int:
+        """The table entry row 0 of the block's ``flipped`` view begins at: the distance from
+        its last query to its first key."""
+        return int(keys[0] - rows[-1]) - self.low
+
     def flipped(self, rows: Tensor, keys: Tensor, causal: bool, dtype: torch.dtype) -> Tensor:
         """``(1, H, rows, keys)``, row ``r`` holding the bias of query ``rows[-1 - r]``, the causal
         mask folded into the table (the dtype's lowest value at every distance above 0)."""
-        table = self._masked(dtype) if causal else self.table.detach().to(dtype).contiguous()
-        start = int(keys[0] - rows[-1]) - self.low
+        table = self._readable(dtype, causal)
         shape = (1, table.shape[0], len(rows), len(keys))
-        return table.as_strided(shape, (0, table.stride(0), 1, 1), table.storage_offset() + start)
+        offset = table.storage_offset() + self.start(rows, keys)
+        return table.as_strided(shape, (0, table.stride(0), 1, 1), offset)
 
-    def _masked(self, dtype: torch.dtype) -> Tensor:
-        if self._causal is None or self._causal.dtype != dtype:
+    def _readable(self, dtype: torch.dtype, causal: bool) -> Tensor:
+        """The table detached, contiguous, in ``dtype`` and, if ``causal``, masked: built once
+        per call of the kernel, however many blocks read it."""
+        if (dtype, causal) not in self._read:
             table = self.table.detach().to(dtype)
-            ahead = torch.arange(table.shape[1], device=table.device) + self.low > 0
-            self._causal = table.masked_fill(ahead, torch.finfo(dtype).min).contiguous()
-        return self._causal
+            if causal:
+                ahead = torch.arange(table.shape[1], device=table.device) + self.low > 0
+                table = table.masked_fill(ahead, torch.finfo(dtype).min)
+            self._read[dtype, causal] = table.contiguous()
+        return self._read[dtype, causal]
 
 
 def _flipped_flash(q_b, k_b, v_b, mask, scale):
@@ -136,9 +151,7 @@ class _BlockedBiasAttention(torch.autograd.Function):
         out = torch.empty_like(q)
         lse = q.new_empty(q.shape[:-1])
         viewed = _viewable(bias_of_block, q_pos, k_pos)
-        # a viewed bias costs no memory, so without a mask all rows go in one call
-        rows_per_call = block if causal or not viewed else len(q_pos)
-        for rows, keys in blocks(q_pos, k_pos, causal, rows_per_call):
+        for rows, keys in flash_blocks(q_pos, k_pos, causal, block, viewed):
             q_b, k_b, v_b = q[:, :, rows], k[:, :, keys], v[:, :, keys]
             if viewed:
                 mask = bias_of_block.flipped(q_pos[rows], k_pos[keys], causal, q.dtype)
@@ -198,8 +211,7 @@ def _flash_grads(tensors, grads, bias_of_block, scale, causal, block) -> None:
     q, k, v, out, lse, q_pos, k_pos, grad_out = tensors
     dq, dk, dv = grads
     viewed = _viewable(bias_of_block, q_pos, k_pos)
-    rows_per_call = block if causal or not viewed else len(q_pos)
-    for rows, keys in blocks(q_pos, k_pos, causal, rows_per_call):
+    for rows, keys in flash_blocks(q_pos, k_pos, causal, block, viewed):
         q_b, k_b, v_b = q[:, :, rows], k[:, :, keys], v[:, :, keys]
         g_b, o_b, l_b = grad_out[:, :, rows], out[:, :, rows], lse[:, :, rows]
         if viewed:  # the queries' side reversed, as the view's rows are
@@ -234,7 +246,7 @@ def _grads_through_table(tensors, grads, table, scale, causal, block) -> None:
         d_score.sub_(row_dot[:, :, rows].flip(-2)).mul_(prob)  # (B, H, rows, keys)
         dq[:, :, rows] = torch.matmul(d_score, k_b).mul_(scale).flip(-2)
         dk[:, :, keys] += torch.matmul(d_score.transpose(-2, -1), q_s)
-        start = int(k_pos[keys][0] - q_pos[rows][-1]) - table.low
+        start = table.start(q_pos[rows], k_pos[keys])
         sums = skewed_sums(d_score)
         d_table[:, start : start + sums.shape[-1]] += sums
 

@@ -225,10 +225,9 @@ class Attention(nn.Module):
             table, low = encoding.distance_table(q, q_pos, k_pos)
             bias_of_block = blocked_bias.DistanceTable(table, low)
             learned = [table] if table.requires_grad else []
-        elif encoding.toeplitz and not self.causal and torch.equal(q_pos, k_pos):
-            layout = row_major_grid(k_pos)  # an image's patches: the bias read as views
-            if layout is not None:
-                bias_of_block = GridTable(encoding.bias, q, k_pos, layout)
+        elif encoding.toeplitz and (layout := row_major_grid(k_pos)) is not None:
+            # an image's patches: the kernel reads the bias as views where GridTable.serves
+            bias_of_block = GridTable(encoding.bias, q, k_pos, layout)
         return blocked_bias.blocked_bias_attention(
             q, k, v, q_pos, k_pos, bias_of_block, learned, scale, self.causal,
             reads_content=not encoding.content_free,
