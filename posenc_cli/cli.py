@@ -13,6 +13,7 @@ import typer
 from posenc_cli import __version__
 from posenc_cli.commands import library, profile, report, runs
 from posenc_cli.errors import UsageError
+from posenc_cli.interrupts import INTERRUPTED, forget_handled_interrupt
 
 app = typer.Typer(
     help="posenc: position encodings for Transformers, built, compared and measured.\n\n"
@@ -64,13 +65,15 @@ def main(argv: list[str] | None = None) -> None:
     except click_errors.ClickException as err:
         fail(err.format_message(), err.exit_code)
     except typer_errors.Abort:
-        sys.exit(130)
+        code = INTERRUPTED
     except UsageError as err:
         fail(str(err))
     except OSError as err:
         if not user_caused(err):
             raise
         fail(file_problem(err))
+    if code == INTERRUPTED:
+        forget_handled_interrupt()
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 GRACE_S = 2.0
+INTERRUPTED = 130  # 128 + SIGINT, a shell's status for Ctrl-C
 STOPPING = {signal.SIGINT, signal.SIGTERM}  # SIGTERM counts where a Python handler catches it
 
 
@@ -35,7 +36,7 @@ def _watch(reader: socket.socket, done: threading.Event, message: str, grace_s: 
         if done.wait(grace_s):
             return
         os.write(2, f"{message}\n".encode())  # fd 2 itself: sys.stderr may be replaced
-        os._exit(130)
+        os._exit(INTERRUPTED)
 
 
 @contextmanager
@@ -67,3 +68,12 @@ def hard_interrupt(message: str, grace_s: float = GRACE_S) -> Iterator[None]:
         writer.close()  # ends the watchdog's recv
         watchdog.join(timeout=1.0)
         reader.close()
+
+
+def forget_handled_interrupt() -> None:
+    """Before exiting with ``INTERRUPTED``: CPython remembers a KeyboardInterrupt that left an
+    ``exec`` of source text (dataclasses builds its methods that way, so a Ctrl-C during an
+    import can land in one) and at exit kills the process with SIGINT although the interrupt
+    was handled, status -2 instead of 130. Every ``exec`` of text clears that memory as it
+    starts, so an empty one does."""
+    exec("")  # noqa: S102

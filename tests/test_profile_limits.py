@@ -207,3 +207,19 @@ def test_dilation_without_a_window_is_refused(capsys):
     code, out, err = run(capsys, "profile", "--layer", "attention", "--dilation", "2")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert err.startswith("error: --dilation 2: dilates a --window")
+
+
+def test_ctrl_c_handled_inside_an_exec_of_source_text_still_exits_130(tmp_path):
+    """A Ctrl-C that lands in an ``exec`` of text (dataclasses builds its methods so, during an
+    import) was handled, yet CPython ended a ``python -m`` process by SIGINT at exit (status -2)
+    unless the CLI clears that memory first."""
+    (tmp_path / "boom.py").write_text(
+        "from posenc_cli import cli\n"
+        "cli.app.command('boom')(lambda: exec('raise KeyboardInterrupt'))\n"
+        "cli.main(['boom'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "boom"], capture_output=True, timeout=60, cwd=tmp_path
+    )
+    assert done.returncode == 130, done.stderr.decode(errors="replace")[-500:]
+    assert b"Traceback" not in done.stderr
