@@ -9,6 +9,7 @@ import torch
 from posenc_cli.encodings import build_encoding, encoding_class
 from posenc_cli.encodings.base import BackboneFacts, grid_positions
 from posenc_cli.kernels import blocked_bias
+from posenc_cli.kernels.visibility import Visibility
 from posenc_cli.models.attention import Attention
 
 ONE_D = ["alibi", "kerple", "sandwich", "fire", "t5"]
@@ -221,10 +222,10 @@ def test_flipped_block_is_the_gathered_block_reversed_read_in_place():
     table, low = torch.randn(4, 200, dtype=torch.float64), -120
     lookup = blocked_bias.DistanceTable(table, low)
     rows, keys = torch.arange(30, 47), torch.arange(5, 70)
-    view = lookup.flipped(rows, keys, False, torch.float64)
+    view = lookup.flipped(rows, keys, Visibility(), torch.float64)
     torch.testing.assert_close(view, lookup(None, None, rows, keys).flip(-2), rtol=0, atol=0)
     assert view.untyped_storage().data_ptr() == table.untyped_storage().data_ptr()
-    masked = lookup.flipped(rows, keys, True, torch.float64).flip(-2)
+    masked = lookup.flipped(rows, keys, Visibility(causal=True), torch.float64).flip(-2)
     ahead = keys[None, :] > rows[:, None]
     assert (masked[0][:, ahead] == torch.finfo(torch.float64).min).all()
     torch.testing.assert_close(masked[0][:, ~ahead], view.flip(-2)[0][:, ~ahead], rtol=0, atol=0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -60,6 +61,7 @@ SHIPPED = [
     "text/lm-adaptive-shaw",
     "text/lm-extrapolation",
     "text/lm-linear",
+    "text/lm-sparse",
     "text/shaw-clip",
     "text/t5-buckets",
     "text/word-order",
@@ -136,10 +138,11 @@ def test_every_shipped_recipe_but_the_base_extends_it():
         raw = yaml.safe_load(files[name].read_text())
         if name.startswith("text/") and name != "text/base":
             # the length-generalisation base extends text/base from its subfolder; the linear
-            # attention study is the LM study with one more swept key
+            # and sparse attention studies are the LM study with their own keys
             parents = {
                 "text/length-gen/base": "../base.yaml",
                 "text/lm-linear": "lm-extrapolation.yaml",
+                "text/lm-sparse": "lm-extrapolation.yaml",
             }
             assert raw["extends"] == parents.get(name, "base.yaml"), name
 
@@ -154,6 +157,13 @@ def test_the_linear_attention_study_is_the_lm_study_with_one_more_key():
         "encoding.name": ["none", "rope", "alibi", "t5"],
         "seed": [0, 1, 2],
     }
+
+
+def test_the_sparse_attention_study_is_the_lm_study_under_a_window():
+    sparse, lm = load_recipe("text/lm-sparse"), load_recipe("text/lm-extrapolation")
+    assert (sparse.data, sparse.train, sparse.eval) == (lm.data, lm.train, lm.eval)
+    assert dataclasses.replace(sparse.model, window=0) == lm.model
+    assert sparse.model.window == 17 and set(sparse.sweep["encoding.name"]) == {"rope", "alibi"}
 
 
 def test_length_generalisation_recipes_share_one_protocol():

@@ -116,11 +116,11 @@ def test_slots_and_their_keys():
     assert (keys[0] < 12).tolist() == [0, 0, 0, 0, 1, 1, 0, 1, 1]  # on the grid
 
 
-def test_window_needs_an_odd_size_and_a_grid():
+def test_window_needs_an_odd_size_and_no_memory():
     with pytest.raises(UsageError, match="odd number"):
         Attention(DIM, HEADS, window=4)
-    with pytest.raises(UsageError, match="needs an image grid"):
-        Attention(DIM, HEADS, window=3)(torch.randn(1, 5, DIM))
+    with pytest.raises(UsageError, match="takes no memory"):
+        Attention(DIM, HEADS, window=3)(torch.randn(1, 5, DIM), memory=torch.randn(1, 2, DIM))
 
 
 def test_swin_table_must_cover_the_window():

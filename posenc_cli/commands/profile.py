@@ -52,6 +52,7 @@ def build_workload(
     form: str | None = None,
     stride: int | None = None,
     global_tokens: int | None = None,
+    sequence: bool = False,
 ):
     from posenc_cli.encodings import ENCODINGS
     from posenc_cli.models import linear_form
@@ -66,6 +67,8 @@ def build_workload(
             raise UsageError("--layer attention takes no recipe; drop the recipe or --layer")
         if window is not None and (window < 1 or window % 2 == 0):
             raise UsageError(f"--window {window}: give an odd number of patches, e.g. 7")
+        if sequence and window is None:
+            raise UsageError("--sequence lays a --window's pattern on a sequence: give --window")
         if dilation is not None and (dilation < 1 or window is None):
             raise UsageError(
                 f"--dilation {dilation}: dilates a --window, give both (e.g. --window 7 "
@@ -89,6 +92,7 @@ def build_workload(
             form=form or "softmax",
             stride=stride,
             global_tokens=global_tokens or 0,
+            sequence=sequence,
         )
         if form not in (None, "softmax", "linear"):
             raise UsageError(f"--form {form!r}: choose softmax or linear")
@@ -98,7 +102,8 @@ def build_workload(
             compatible = [n for n, c in ENCODINGS.items() if linear_form.supports_class(c)]
             return workload, "none", compatible
         if window is not None:
-            compatible = [n for n, c in ENCODINGS.items() if c.dims == 2 or n == "none"]
+            dims = 1 if sequence else 2
+            compatible = [n for n, c in ENCODINGS.items() if c.dims == dims or n == "none"]
         else:
             compatible = list(ENCODINGS)
         return workload, "none", compatible
@@ -178,6 +183,12 @@ def profile_command(
             "--global-tokens", help="--layer --window: the first patches see and are seen by all."
         ),
     ] = None,
+    sequence: Annotated[
+        bool,
+        typer.Option(
+            "--sequence", help="--layer --window: the pattern on a 1D sequence, not a patch grid."
+        ),
+    ] = False,
     form: Annotated[
         str | None,
         typer.Option("--form", help="--layer: softmax (default) or linear attention."),
@@ -223,7 +234,7 @@ def profile_command(
         raise UsageError(f"--out {out}: is a file; give a folder for profile.json and the plots")
     workload, default, compatible = build_workload(
         target, list(overrides or []), layer, dim, heads, window, dilation, form, stride,
-        global_tokens,
+        global_tokens, sequence,
     )  # fmt: skip
     image = not layer and task_of(workload.recipe.kind).profile_unit == "px"
     if image and lengths is not None:

@@ -31,6 +31,7 @@ from torch import Tensor
 from posenc_cli.kernels.biased_sdpa import reduce_to
 from posenc_cli.kernels.grid_bias import GridTable
 from posenc_cli.kernels.positions import consecutive
+from posenc_cli.kernels.visibility import Band, Visibility
 
 BLOCK = 256  # query rows per block
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -60,32 +61,44 @@ def worth(q: Tensor, k: Tensor, causal: bool) -> bool:
     return Nk >= CAUSAL_MIN_KEYS if causal else Nq * Nk >= MIN_PAIRS
 
 
-def blocks(q_pos: Tensor, k_pos: Tensor, causal: bool, block: int):
-    """``(rows, keys)`` slices of every query block; a causal block over consecutive positions
-    sees the keys up to its own last query (the rest are masked anyway)."""
+def blocks(q_pos: Tensor, k_pos: Tensor, seen: Visibility, block: int):
+    """``(rows, keys)`` of every query block, the keys a slice or, beside a band's global
+    tokens, an index. Over consecutive positions a block sees only the keys it may: under a
+    causal mask those up to its last query (the staircase), under a band those within its reach
+    of the block and the global tokens (the rest are masked anyway)."""
     Nq, Nk = len(q_pos), len(k_pos)
-    prefix = causal and consecutive(k_pos)
+    ordered = consecutive(k_pos)
+    first = Nk - Nq  # the key index of query 0
+    band = seen.band if ordered else None
     for s in range(0, Nq, block):
         e = min(Nq, s + block)
-        yield slice(s, e), slice(0, Nk - Nq + e if prefix else Nk)
+        lo, hi = 0, first + e if seen.causal and ordered else Nk
+        if band is not None and first + s >= band.global_tokens:  # no global query here
+            lo, hi = max(0, first + s - band.reach), min(hi, first + e + band.reach)
+            if 0 < band.global_tokens < lo:
+                glob = torch.arange(band.global_tokens, device=k_pos.device)
+                yield slice(s, e), torch.cat([glob, torch.arange(lo, hi, device=k_pos.device)])
+                continue
+            lo = 0 if lo <= band.global_tokens else lo
+        yield slice(s, e), slice(lo, hi)
 
 
-def flash_blocks(q_pos: Tensor, k_pos: Tensor, causal: bool, block: int, viewed: bool):
-    """The ``blocks`` of the flash calls: a viewed bias costs no memory, so without a mask all
-    rows go in one call."""
-    return blocks(q_pos, k_pos, causal, block if causal or not viewed else len(q_pos))
+def flash_blocks(q_pos: Tensor, k_pos: Tensor, seen: Visibility, block: int, viewed: bool):
+    """The ``blocks`` of the flash calls: a viewed bias costs no memory, so where every query
+    sees every key all rows go in one call."""
+    return blocks(q_pos, k_pos, seen, block if seen.sparse or not viewed else len(q_pos))
 
 
 def masked_bias(
-    bias_of_block: BiasOfBlock, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, causal: bool
-) -> Tensor:
-    """The block's bias in q's dtype, the causal mask folded in as the dtype's lowest value."""
+    bias_of_block: BiasOfBlock, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor,
+    seen: Visibility,
+) -> Tensor:  # fmt: skip
+    """The block's bias in q's dtype, the causal mask and the band folded in as the dtype's
+    lowest value."""
     dtype = q.dtype
     bias = bias_of_block(q, k, q_pos, k_pos).to(dtype)
-    if causal:
-        hidden = k_pos[None, :] > q_pos[:, None]  # (rows, keys)
-        bias = bias.masked_fill(hidden, torch.finfo(dtype).min)
-    return bias
+    hidden = seen.hidden(q_pos, k_pos)  # (rows, keys) or None
+    return bias if hidden is None else bias.masked_fill(hidden, torch.finfo(dtype).min)
 
 
 class DistanceTable:
@@ -101,7 +114,7 @@ class DistanceTable:
 
     def __init__(self, table: Tensor, low: int) -> None:
         self.table, self.low = table, low
-        self._read: dict[tuple[torch.dtype, bool], Tensor] = {}  # what the views read
+        self._read: dict[tuple[torch.dtype, Visibility], Tensor] = {}  # what the views read
 
     def __call__(self, q: Tensor, k: Tensor, rows: Tensor, keys: Tensor) -> Tensor:
         # int32 ids, shifted before the broadcast: one (rows, keys) index tensor, half the bytes
@@ -113,24 +126,25 @@ class DistanceTable:
         its last query to its first key."""
         return int(keys[0] - rows[-1]) - self.low
 
-    def flipped(self, rows: Tensor, keys: Tensor, causal: bool, dtype: torch.dtype) -> Tensor:
+    def flipped(self, rows: Tensor, keys: Tensor, seen: Visibility, dtype: torch.dtype) -> Tensor:
         """``(1, H, rows, keys)``, row ``r`` holding the bias of query ``rows[-1 - r]``, the causal
-        mask folded into the table (the dtype's lowest value at every distance above 0)."""
-        table = self._readable(dtype, causal)
+        mask and the band folded into the table (the dtype's lowest value at every distance
+        they hide)."""
+        table = self._readable(dtype, seen)
         shape = (1, table.shape[0], len(rows), len(keys))
         offset = table.storage_offset() + self.start(rows, keys)
         return table.as_strided(shape, (0, table.stride(0), 1, 1), offset)
 
-    def _readable(self, dtype: torch.dtype, causal: bool) -> Tensor:
-        """The table detached, contiguous, in ``dtype`` and, if ``causal``, masked: built once
-        per call of the kernel, however many blocks read it."""
-        if (dtype, causal) not in self._read:
+    def _readable(self, dtype: torch.dtype, seen: Visibility) -> Tensor:
+        """The table detached, contiguous, in ``dtype`` and masked where ``seen`` hides a
+        distance: built once per call of the kernel, however many blocks read it."""
+        if (dtype, seen) not in self._read:
             table = self.table.detach().to(dtype)
-            if causal:
-                ahead = torch.arange(table.shape[1], device=table.device) + self.low > 0
-                table = table.masked_fill(ahead, torch.finfo(dtype).min)
-            self._read[dtype, causal] = table.contiguous()
-        return self._read[dtype, causal]
+            if seen.sparse:
+                distance = torch.arange(table.shape[1], device=table.device) + self.low
+                table = table.masked_fill(seen.hidden_distance(distance), torch.finfo(dtype).min)
+            self._read[dtype, seen] = table.contiguous()
+        return self._read[dtype, seen]
 
 
 def _flipped_flash(q_b, k_b, v_b, mask, scale):
@@ -142,51 +156,52 @@ def _flipped_flash(q_b, k_b, v_b, mask, scale):
 
 class _BlockedBiasAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, q_pos, k_pos, scale, causal, block, bias_of_block, reads, *leaves):
-        if isinstance(bias_of_block, GridTable) and bias_of_block.serves(q_pos, k_pos, causal):
+    def forward(ctx, q, k, v, q_pos, k_pos, scale, seen, block, bias_of_block, reads, *leaves):
+        grid = isinstance(bias_of_block, GridTable) and seen.band is None
+        if grid and bias_of_block.serves(q_pos, k_pos, seen.causal):
             out, lse = bias_of_block.attend(q, k, v, scale)
             ctx.save_for_backward(q, k, v, out, lse, q_pos, k_pos, *leaves)
-            ctx.settings = (scale, causal, block, bias_of_block, reads)
+            ctx.settings = (scale, seen, block, bias_of_block, reads)
             return out
         out = torch.empty_like(q)
         lse = q.new_empty(q.shape[:-1])
-        viewed = _viewable(bias_of_block, q_pos, k_pos)
-        for rows, keys in flash_blocks(q_pos, k_pos, causal, block, viewed):
+        viewed = _viewable(bias_of_block, q_pos, k_pos, seen)
+        for rows, keys in flash_blocks(q_pos, k_pos, seen, block, viewed):
             q_b, k_b, v_b = q[:, :, rows], k[:, :, keys], v[:, :, keys]
             if viewed:
-                mask = bias_of_block.flipped(q_pos[rows], k_pos[keys], causal, q.dtype)
+                mask = bias_of_block.flipped(q_pos[rows], k_pos[keys], seen, q.dtype)
                 out[:, :, rows], lse[:, :, rows] = _flipped_flash(q_b, k_b, v_b, mask, scale)
                 continue
-            bias = masked_bias(bias_of_block, q_b, k_b, q_pos[rows], k_pos[keys], causal)
+            bias = masked_bias(bias_of_block, q_b, k_b, q_pos[rows], k_pos[keys], seen)
             out[:, :, rows], lse[:, :, rows] = _flash(q_b, k_b, v_b, attn_mask=bias, scale=scale)
         ctx.save_for_backward(q, k, v, out, lse, q_pos, k_pos, *leaves)
-        ctx.settings = (scale, causal, block, bias_of_block, reads)
+        ctx.settings = (scale, seen, block, bias_of_block, reads)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse, q_pos, k_pos, *leaves = ctx.saved_tensors
-        scale, causal, block, bias_of_block, reads = ctx.settings
+        scale, seen, block, bias_of_block, reads = ctx.settings
         needs = ctx.needs_input_grad[10:]  # the leaves' flags, after the ten other inputs
         learned = [leaf for leaf, need in zip(leaves, needs, strict=True) if need]
         grad_out = grad_out.contiguous()
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        viewed = _viewable(bias_of_block, q_pos, k_pos)
+        viewed = _viewable(bias_of_block, q_pos, k_pos, seen)
         if not reads and viewed and _table_is_the_leaf(bias_of_block, learned):
             leaf_grads = [torch.zeros_like(learned[0])]
             _grads_through_table(
                 (q, k, v, out, lse, q_pos, k_pos, grad_out), (dq, dk, dv, leaf_grads[0]),
-                bias_of_block, scale, causal, block,
+                bias_of_block, scale, seen, block,
             )  # fmt: skip
         elif learned or reads:  # the bias has a gradient to pass on
             leaf_grads = _grads_through_bias(
                 (q, k, v, out, lse, q_pos, k_pos, grad_out), (dq, dk, dv), learned,
-                bias_of_block, scale, causal, block, reads,
+                bias_of_block, scale, seen, block, reads,
             )  # fmt: skip
         else:
             _flash_grads(
                 (q, k, v, out, lse, q_pos, k_pos, grad_out), (dq, dk, dv), bias_of_block, scale,
-                causal, block,
+                seen, block,
             )  # fmt: skip
             leaf_grads = []
         per_leaf = iter(leaf_grads)
@@ -201,24 +216,27 @@ def _table_is_the_leaf(bias_of_block: BiasOfBlock, learned: list[Tensor]) -> boo
     return len(learned) == 1 and learned[0] is table
 
 
-def _viewable(bias_of_block: BiasOfBlock, q_pos: Tensor, k_pos: Tensor) -> bool:
-    """Whether each block's bias can be a ``flipped`` view of a distance table."""
-    return isinstance(bias_of_block, DistanceTable) and consecutive(q_pos) and consecutive(k_pos)
+def _viewable(bias_of_block: BiasOfBlock, q_pos: Tensor, k_pos: Tensor, seen: Visibility) -> bool:
+    """Whether each block's bias can be a ``flipped`` view of a distance table: consecutive
+    positions, and no global tokens (whose keys are no range of distances)."""
+    table = isinstance(bias_of_block, DistanceTable)
+    no_globals = seen.band is None or not seen.band.global_tokens
+    return table and no_globals and consecutive(q_pos) and consecutive(k_pos)
 
 
-def _flash_grads(tensors, grads, bias_of_block, scale, causal, block) -> None:
+def _flash_grads(tensors, grads, bias_of_block, scale, seen, block) -> None:
     """dq, dk and dv from the flash backward, block by block, when the bias needs no gradient."""
     q, k, v, out, lse, q_pos, k_pos, grad_out = tensors
     dq, dk, dv = grads
-    viewed = _viewable(bias_of_block, q_pos, k_pos)
-    for rows, keys in flash_blocks(q_pos, k_pos, causal, block, viewed):
+    viewed = _viewable(bias_of_block, q_pos, k_pos, seen)
+    for rows, keys in flash_blocks(q_pos, k_pos, seen, block, viewed):
         q_b, k_b, v_b = q[:, :, rows], k[:, :, keys], v[:, :, keys]
         g_b, o_b, l_b = grad_out[:, :, rows], out[:, :, rows], lse[:, :, rows]
         if viewed:  # the queries' side reversed, as the view's rows are
-            mask = bias_of_block.flipped(q_pos[rows], k_pos[keys], causal, q.dtype)
+            mask = bias_of_block.flipped(q_pos[rows], k_pos[keys], seen, q.dtype)
             q_b, g_b, o_b, l_b = q_b.flip(-2), g_b.flip(-2), o_b.flip(-2), l_b.flip(-1)
         else:
-            mask = masked_bias(bias_of_block, q_b, k_b, q_pos[rows], k_pos[keys], causal)
+            mask = masked_bias(bias_of_block, q_b, k_b, q_pos[rows], k_pos[keys], seen)
         g_q, g_k, g_v = _flash_backward(
             g_b, q_b, k_b, v_b, o_b, l_b, 0.0, False, attn_mask=mask.detach(), scale=scale
         )
@@ -227,18 +245,18 @@ def _flash_grads(tensors, grads, bias_of_block, scale, causal, block) -> None:
         dv[:, :, keys] += g_v
 
 
-def _grads_through_table(tensors, grads, table, scale, causal, block) -> None:
+def _grads_through_table(tensors, grads, table, scale, seen, block) -> None:
     """dq, dk, dv and a learned distance table's gradient, block by block, the rows of each
     block reversed to match its ``flipped`` view: the bias is read in place, and the table's
     gradient is the sum of ``dS`` along each diagonal, ``skewed_sums``."""
     q, k, v, out, lse, q_pos, k_pos, grad_out = tensors
     dq, dk, dv, d_table = grads
     row_dot = (grad_out * out).sum(-1, keepdim=True)  # (B, H, N, 1)
-    for rows, keys in blocks(q_pos, k_pos, causal, block):
+    for rows, keys in blocks(q_pos, k_pos, seen, block):
         k_b, v_b = k[:, :, keys], v[:, :, keys]
         q_s = q[:, :, rows].flip(-2) * scale
         g_b = grad_out[:, :, rows].flip(-2)
-        view = table.flipped(q_pos[rows], k_pos[keys], causal, q.dtype)
+        view = table.flipped(q_pos[rows], k_pos[keys], seen, q.dtype)
         prob = torch.matmul(q_s, k_b.transpose(-2, -1))
         prob.add_(view).sub_(lse[:, :, rows, None].flip(-2)).exp_()
         dv[:, :, keys] += torch.matmul(prob.transpose(-2, -1), g_b)
@@ -264,19 +282,19 @@ def skewed_sums(grad: Tensor) -> Tensor:
     return buffer.sum(1)
 
 
-def _grads_through_bias(tensors, grads, learned, bias_of_block, scale, causal, block, reads):
+def _grads_through_bias(tensors, grads, learned, bias_of_block, scale, seen, block, reads):
     """dq, dk, dv and the learned leaves' gradients in one pass per block: the bias gradient dS
     is also what dq, dk and dv are made of. Returns the leaves' gradients."""
     q, k, v, out, lse, q_pos, k_pos, grad_out = tensors
     dq, dk, dv = grads
     leaf_grads = [torch.zeros_like(leaf) for leaf in learned]
     row_dot = (grad_out * out).sum(-1, keepdim=True)  # (B, H, N, 1)
-    for rows, keys in blocks(q_pos, k_pos, causal, block):
+    for rows, keys in blocks(q_pos, k_pos, seen, block):
         q_b, k_b, v_b, g_b = q[:, :, rows], k[:, :, keys], v[:, :, keys], grad_out[:, :, rows]
         with torch.enable_grad():
             # a content-dependent bias is differentiated at this block's q and k
             q_in, k_in = (t.detach().requires_grad_(reads) for t in (q_b, k_b))
-            bias = masked_bias(bias_of_block, q_in, k_in, q_pos[rows], k_pos[keys], causal)
+            bias = masked_bias(bias_of_block, q_in, k_in, q_pos[rows], k_pos[keys], seen)
         q_s = q_b * scale  # scaled once here, not on every (rows, keys) block below
         prob = torch.matmul(q_s, k_b.transpose(-2, -1))
         prob.add_(bias.detach()).sub_(lse[:, :, rows, None]).exp_()
@@ -315,14 +333,17 @@ def blocked_bias_attention(
     causal: bool,
     block: int | None = None,
     reads_content: bool = False,
+    band: Band | None = None,
 ) -> Tensor:
     """``softmax(q k^T * scale + bias + causal mask) v``, ``(B, H, Nq, d)``, where
     ``bias_of_block(q_rows, k_keys, q_pos[rows], k_pos[keys])`` gives the bias of any block,
     ``(1|B, H, rows, keys)``, and ``leaves`` are the tensors it learns from (their gradients are
     returned through autograd as usual). ``reads_content``: the bias reads the block's q and k
     (at (i, j) only q_i, k_j and the positions: Transformer-XL, DeBERTa), so their gradients
-    through it are taken block by block too."""
+    through it are taken block by block too. ``band``: a sparse pattern over 1D positions
+    (``kernels/visibility.py``); each block then sees only the keys within its reach."""
+    seen = Visibility(causal, band, int(k_pos[0]) if band is not None else 0)
     return _BlockedBiasAttention.apply(
-        q, k, v, q_pos, k_pos, scale, causal, block or BLOCK, bias_of_block, reads_content,
+        q, k, v, q_pos, k_pos, scale, seen, block or BLOCK, bias_of_block, reads_content,
         *leaves,
     )  # fmt: skip

@@ -22,6 +22,8 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
+from posenc_cli.kernels.visibility import Visibility
+
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
@@ -82,6 +84,20 @@ def window_mask(
             lattice = (dr.abs() <= far) & (dc.abs() <= far)
             local = local | (lattice & (dr % stride == 0) & (dc % stride == 0))
         return local | (q_idx < n_global) | (kv_idx < n_global)
+
+    return mask
+
+
+def band_mask(seen: Visibility, q_pos: Tensor, k_pos: Tensor):
+    """A sequence's sparse pattern (``kernels/visibility.py``), with the causal mask if any, as
+    a mask_mod."""
+    band = seen.band
+    end = seen.start + band.global_tokens  # positions before it are global
+
+    def mask(b, h, q_idx, kv_idx):
+        q_at, k_at = q_pos[q_idx], k_pos[kv_idx]
+        visible = band.on_offset(q_at - k_at) | (q_at < end) | (k_at < end)
+        return visible & (k_at <= q_at) if seen.causal else visible
 
     return mask
 

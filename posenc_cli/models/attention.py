@@ -18,7 +18,9 @@ Paths:
 - window: with ``window=k`` on an image grid, each patch attends to its k x k neighbourhood and
   the prefix tokens (``models/window.py``), O(N k^2 d) instead of O(N^2 d); ``dilation`` spaces
   the slots, ``stride`` adds a k x k lattice of slots that far apart (Child et al.'s strided
-  pattern), ``global_tokens`` makes the first patches global (BigBird, Longformer).
+  pattern), ``global_tokens`` makes the first patches global (BigBird, Longformer). On a 1D
+  sequence the same options give the same pattern on one axis (``kernels/visibility.py``), run
+  by the blocked kernel, each block of queries seeing only the keys in its reach: O(N k d).
 
 Keys may be longer than queries: ``memory`` (the previous segment's hidden states, as in
 Transformer-XL) is prepended to the keys and values, and the queries are the last positions.
@@ -36,8 +38,9 @@ from posenc_cli.errors import UsageError
 from posenc_cli.kernels import blocked_bias, flex
 from posenc_cli.kernels.biased_sdpa import EXPLICIT_MAX_PAIRS, biased_attention
 from posenc_cli.kernels.grid_bias import GridTable
+from posenc_cli.kernels.positions import consecutive, row_major_grid
 from posenc_cli.kernels.positions import dense as dense_positions
-from posenc_cli.kernels.positions import row_major_grid
+from posenc_cli.kernels.visibility import Band, Visibility
 from posenc_cli.models import flex_path, linear_form
 from posenc_cli.models.window import check_global, check_pattern, window_attention
 
@@ -81,6 +84,8 @@ class Attention(nn.Module):
         if form == "linear" and window is not None:
             raise UsageError("linear attention has no window: drop one of the two")
         self.window = window
+        # the pattern on a 1D sequence; an image grid reads the four numbers below
+        self.band = None if window is None else Band(window, dilation, stride, global_tokens)
         self.dilation = dilation
         self.stride = stride  # None: no strided lattice
         self.global_tokens = global_tokens  # patches that are global, beside the prefix
@@ -156,11 +161,15 @@ class Attention(nn.Module):
         drop = self.dropout if self.training else 0.0
         if q.is_cuda and key_mask is None and drop == 0.0 and self.flex_serves(memory, k_pos):
             return self.merge_heads(self.flex(q, k, v, q_pos, k_pos, scale))
+        if self.window is not None and k_pos.dim() == 1:
+            if memory is not None:
+                raise UsageError("window attention takes no memory: set mem_len to 0")
+            return self.merge_heads(self.banded(q, k, v, q_pos, k_pos, scale, key_mask, drop))
         if self.window is not None:
             if memory is not None or key_mask is not None or k_pos.dim() != 2:
                 raise UsageError(
-                    "window attention needs an image grid (positions=grid_positions(...)) "
-                    "and takes no memory or key mask"
+                    "window attention needs a sequence or an image grid "
+                    "(positions=grid_positions(...)) and takes no memory or key mask"
                 )
             out = window_attention(
                 q, k, v, self.encoding, k_pos, self.window, scale, self.dilation, self.stride,
@@ -178,23 +187,50 @@ class Attention(nn.Module):
             blockwise = self.encoding.content_free or pairwise
             if blockwise and blocked_bias.worth(q, k, self.causal):
                 return self.merge_heads(self.blocked(q, k, v, q_pos, k_pos, scale))
+        return self.merge_heads(self.dense(q, k, v, q_pos, k_pos, scale, key_mask, drop))
+
+    def dense(self, q, k, v, q_pos, k_pos, scale, key_mask, drop, hidden=None) -> Tensor:
+        """The whole ``(B|1, H, Nq, Nk)`` bias at once, on the fused kernel or explicitly;
+        ``hidden`` ``(Nq, Nk)``: pairs a sparse pattern masks beside the causal and key masks."""
+        N, Nk = q.shape[-2], k.shape[-2]
         bias = self.encoding.bias(q, k, q_pos, k_pos)  # (B|1, H, N, Nk) or None
         mask = attention_mask(q_pos, k_pos, self.causal, key_mask)
+        if hidden is not None:
+            mask = ~hidden[None, None] if mask is None else mask & ~hidden
         small = N * Nk <= EXPLICIT_MAX_PAIRS and bias is not None and bias.requires_grad
         if self.encoding.uses_value or small:
-            out = self.manual(q, k, v, bias, mask, scale, drop, q_pos, k_pos)
-        else:
-            plain_causal = self.causal and key_mask is None and N == Nk
-            out = self.fused(q, k, v, bias, mask, scale, drop, plain_causal)
-        return self.merge_heads(out)
+            return self.manual(q, k, v, bias, mask, scale, drop, q_pos, k_pos)
+        plain_causal = self.causal and key_mask is None and N == Nk and hidden is None
+        return self.fused(q, k, v, bias, mask, scale, drop, plain_causal)
+
+    def banded(self, q, k, v, q_pos, k_pos, scale, key_mask, drop) -> Tensor:
+        """Window attention on a sequence: the blocked kernel, each block of queries seeing only
+        the keys its band reaches, wherever the encoding's terms allow it (no value term; a bias
+        of the positions, or of the pair's own q and k, or none); else the dense path under the
+        pattern's mask, O(N^2) for the same numbers."""
+        if self.global_tokens > len(k_pos):
+            raise UsageError(
+                f"global_tokens {self.global_tokens} exceeds the {len(k_pos)} tokens of the "
+                f"sequence; give at most {len(k_pos)}"
+            )
+        encoding = self.encoding
+        plain = encoding.family in ("none", "absolute", "rotary")
+        terms = plain or encoding.content_free or encoding.pairwise_content
+        terms = terms and not encoding.uses_value
+        fits = q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
+        if terms and fits and key_mask is None and drop == 0.0 and consecutive(k_pos):
+            return self.blocked(q, k, v, q_pos, k_pos, scale, plain)
+        hidden = Visibility(False, self.band, int(k_pos[0])).hidden(q_pos, k_pos)
+        return self.dense(q, k, v, q_pos, k_pos, scale, key_mask, drop, hidden)
 
     def flex_serves(self, memory, k_pos) -> bool:
         """Whether the GPU path covers this call: a content-free bias (or, in window attention
         on a grid, no position term in the logits at all)."""
         if self.window is not None:
             plain = self.encoding.family in ("none", "absolute", "rotary")
-            grid = memory is None and k_pos.dim() == 2
-            return grid and (self.encoding.content_free or plain)
+            if k_pos.dim() == 1 and self.encoding.toeplitz:
+                return memory is None and dense_positions(k_pos)
+            return memory is None and (self.encoding.content_free or plain)
         if self.encoding.toeplitz and k_pos.dim() == 1:  # its score_mod reads a distance table
             return dense_positions(k_pos)
         return self.encoding.content_free
@@ -205,7 +241,9 @@ class Attention(nn.Module):
             self.encoding.content_free
         ) else None  # fmt: skip
         mask = None
-        if self.window is not None:
+        if self.window is not None and k_pos.dim() == 1:
+            mask = flex.band_mask(Visibility(self.causal, self.band, int(k_pos[0])), q_pos, k_pos)
+        elif self.window is not None:
             check_global(self.global_tokens, *grid_shape(k_pos)[:2])
             mask = flex.window_mask(
                 k_pos, self.window, self.dilation, self.stride, self.global_tokens
@@ -214,14 +252,19 @@ class Attention(nn.Module):
             mask = flex.causal_mask(q_pos, k_pos)
         return flex.attention(q, k, v, mod, mask, scale)
 
-    def blocked(self, q, k, v, q_pos, k_pos, scale) -> Tensor:
+    def blocked(self, q, k, v, q_pos, k_pos, scale, plain: bool = False) -> Tensor:
         """A bias asked for one block of queries at a time: never the whole ``(H, Nq, Nk)``
-        tensor, and under a causal mask only the keys each block sees. Content-free biases come
-        from the positions alone; ``pairwise_content`` ones from the block's own q and k."""
+        tensor, and under a causal mask or a band only the keys each block sees. Content-free
+        biases come from the positions alone; ``pairwise_content`` ones from the block's own q
+        and k; ``plain`` (no bias at all, under a band) is a table of zeros the band masks."""
         encoding = self.encoding
         bias_of_block = encoding.bias  # asked with the block's own q and k
         learned = [p for p in encoding.parameters() if p.requires_grad]
-        if encoding.toeplitz and dense_positions(k_pos):
+        if plain:
+            low = int(k_pos[0] - q_pos[-1])
+            zeros = q.new_zeros(1, int(k_pos[-1] - q_pos[0]) - low + 1)
+            bias_of_block, learned = blocked_bias.DistanceTable(zeros, low), []
+        elif encoding.toeplitz and dense_positions(k_pos):
             table, low = encoding.distance_table(q, q_pos, k_pos)
             bias_of_block = blocked_bias.DistanceTable(table, low)
             learned = [table] if table.requires_grad else []
@@ -230,7 +273,7 @@ class Attention(nn.Module):
             bias_of_block = GridTable(encoding.bias, q, k_pos, layout)
         return blocked_bias.blocked_bias_attention(
             q, k, v, q_pos, k_pos, bias_of_block, learned, scale, self.causal,
-            reads_content=not encoding.content_free,
+            reads_content=not (encoding.content_free or plain), band=self.band,
         )  # fmt: skip
 
     def fused(self, q, k, v, bias, mask, scale, drop, plain_causal) -> Tensor:

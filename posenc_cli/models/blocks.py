@@ -43,7 +43,8 @@ class TransformerBlock(nn.Module):
     """Pre-norm block: LayerNorm, attention (with ``encoding``), residual; LayerNorm, MLP, residual.
 
     ``dropout`` applies to the attention weights and to both residual branches. ``window``
-    passes through to ``Attention`` (local k x k attention on image grids).
+    and its ``dilation``, ``stride`` and ``global_tokens`` pass through to ``Attention`` (sparse
+    patterns on image grids and sequences).
     """
 
     def __init__(
@@ -57,12 +58,16 @@ class TransformerBlock(nn.Module):
         *,
         window: int | None = None,
         form: str = "softmax",
+        dilation: int = 1,
+        stride: int | None = None,
+        global_tokens: int = 0,
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
         self.attn = Attention(
-            dim, heads, encoding, causal=causal, dropout=dropout, window=window, form=form
-        )
+            dim, heads, encoding, causal=causal, dropout=dropout, window=window, form=form,
+            dilation=dilation, stride=stride, global_tokens=global_tokens,
+        )  # fmt: skip
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = MLP(dim, max(1, round(dim * mlp_ratio)), dropout)
         self.drop = nn.Dropout(dropout)

@@ -21,6 +21,8 @@ Choices:
   table, which propagates.
 - Init: token embedding normal with std 0.02 (GPT-2, BERT); the linear layers keep PyTorch's
   default; each encoding keeps its own paper's init.
+- Sparse attention (``window``: ``TransformerBlock``'s window keywords): every block's
+  attention sees the pattern's keys only (``kernels/visibility.py``).
 - Dropout (``dropout``): on the embedded input, on the attention weights and on both residual
   branches of every block.
 
@@ -36,6 +38,7 @@ have no padding). A classifier or ``mem_len = 0`` returns ``memory=None``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -80,6 +83,7 @@ class TextModel(nn.Module):
         dropout: float = 0.0,
         mem_len: int = 0,
         attention: str = "softmax",
+        window: Mapping[str, int] | None = None,
         encoding: str = "none",
         encoding_params: dict[str, Any] | None = None,
         train_length: int | None = None,
@@ -114,6 +118,7 @@ class TextModel(nn.Module):
                 mlp_ratio,
                 dropout,
                 form=attention,
+                **(window or {}),
             )
             for _ in range(depth)
         )
@@ -208,6 +213,19 @@ def check_model_args(
         raise UsageError(f"a classification task needs >= 2 classes, got {num_classes}")
 
 
+def sequence_window(model: Any) -> dict[str, int] | None:
+    """``TransformerBlock``'s sparse-pattern keywords from a recipe's model section, or None
+    for full attention."""
+    if not getattr(model, "window", 0):
+        return None
+    return {
+        "window": model.window,
+        "dilation": model.window_dilation,
+        "stride": model.window_stride or None,
+        "global_tokens": model.window_global,
+    }
+
+
 def build_text_model(model: Any, encoding: Any, task: Any, data: Any = None) -> TextModel:
     """Build from a ``ModelConfig``, an ``EncodingConfig`` and a ``Task`` (read by attribute);
     with the ``data`` section, encodings also learn the longest trained sequence in tokens
@@ -227,6 +245,7 @@ def build_text_model(model: Any, encoding: Any, task: Any, data: Any = None) -> 
         dropout=model.dropout,
         mem_len=model.mem_len,
         attention=getattr(model, "attention", "softmax"),
+        window=sequence_window(model),
         encoding=encoding.name,
         encoding_params=encoding.params,
         train_length=train_length,

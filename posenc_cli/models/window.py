@@ -101,7 +101,7 @@ def check_pattern(
 ) -> None:
     """One-line errors for a sparse pattern's options, before any grid is seen."""
     if window is not None and (window < 1 or window % 2 == 0):
-        raise UsageError(f"window must be an odd number of patches >= 1, got {window}")
+        raise UsageError(f"window must be an odd number >= 1 (of tokens or patches), got {window}")
     if dilation < 1 or (dilation > 1 and window is None):
         raise UsageError(
             f"dilation must be an integer >= 1 and needs a window, got dilation={dilation} "

@@ -68,8 +68,10 @@ class AttentionLayer(nn.Module):
         form: str = "softmax",
         stride: int | None = None,
         global_tokens: int = 0,
+        sequence: bool = False,
     ) -> None:
         super().__init__()
+        self.grid = ENCODINGS[encoding].dims == 2 or (window is not None and not sequence)
         causal = ENCODINGS[encoding].causal_only  # the only form such an encoding has
         self.encoding = build_encoding(
             encoding, dim=dim, heads=heads, head_dim=dim // heads, causal=causal, **params
@@ -81,7 +83,7 @@ class AttentionLayer(nn.Module):
         self.dim = dim
 
     def positions(self, size: int, device: torch.device) -> Tensor:
-        if self.encoding.dims == 2 or self.attention.window is not None:
+        if self.grid:
             return grid_positions(*near_square(size), device=device)
         return torch.arange(size, device=device)
 
@@ -98,7 +100,7 @@ class LayerSubject:
         x = torch.randn(batch, size, self.module.dim, device=device)
         positions = self.module.positions(size, device)
         att = self.module.attention
-        if att.window is not None:
+        if att.window is not None and self.module.grid:
             # built once per grid and cached: build it before the counts, or the first
             # encoding measured would carry it alone
             height, width, _ = grid_shape(positions)
@@ -124,6 +126,7 @@ class LayerWorkload:
     form: str = "softmax"  # or "linear": kernelised attention (models/linear_form.py)
     stride: int | None = None  # beside the window, its k x k lattice of slots this far apart
     global_tokens: int = 0  # the first patches, global beside the window
+    sequence: bool = False  # the window's pattern on a 1D sequence instead of a patch grid
     fit_tables: bool = True  # build learned tables for the size measured
     params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per encoding
 
@@ -142,16 +145,23 @@ class LayerWorkload:
             window += f" strided {self.stride}"
         if self.global_tokens:
             window += f" + {self.global_tokens} global"
+        if self.sequence:
+            window += " on a sequence"
         if self.form != "softmax":
             window += f", {self.form} attention"
         return f"attention layer (dim {self.dim}, heads {self.heads}{window})"
 
     def check(self, encoding: str) -> None:
         cls = encoding_class(encoding)
-        if self.window is not None and cls.dims != 2 and encoding != "none":
+        if self.window is not None and self.sequence and cls.dims != 1:
+            raise UsageError(
+                f"--window --sequence needs a sequence encoding; {encoding!r} is not one "
+                "(drop --sequence or compare 1D encodings)"
+            )
+        if self.window is not None and not self.sequence and cls.dims != 2 and encoding != "none":
             raise UsageError(
                 f"--window needs an image encoding or none; {encoding!r} is a sequence "
-                "encoding (drop --window or compare 2D encodings)"
+                "encoding (add --sequence for a window on the sequence, or compare 2D encodings)"
             )
 
     def subject(self, encoding: str, size: int | None = None) -> LayerSubject:
@@ -159,7 +169,7 @@ class LayerWorkload:
         params = {**self.table_size(encoding, size), **self.params.get(encoding, {})}
         layer = AttentionLayer(
             self.dim, self.heads, encoding, params, self.window, self.dilation, self.form,
-            self.stride, self.global_tokens,
+            self.stride, self.global_tokens, self.sequence,
         )  # fmt: skip
         return LayerSubject(layer)
 

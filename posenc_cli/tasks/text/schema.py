@@ -40,6 +40,17 @@ class ModelConfig:
     random_positions: int = bounded(0, lambda v: v >= 0, ">= 0 (0 = off)", most=100_000_000)
     # softmax, or kernelised linear attention with the position kept (models/linear_form.py)
     attention: Literal["softmax", "linear"] = "softmax"
+    # a sparse pattern on the sequence (kernels/visibility.py), the image grid's on one axis:
+    # the offsets within window // 2 (a causal model sees the window // 2 + 1 at or behind
+    # each token); 0 = full attention
+    window: int = bounded(
+        0, lambda v: v == 0 or (v > 0 and v % 2 == 1), "0 or an odd number", most=1_000_001
+    )
+    window_dilation: int = bounded(1, lambda v: v >= 1, ">= 1", most=100_000)  # slots apart
+    # Child et al.'s strided lattice beside the window, its slots this far apart; 0 = none
+    window_stride: int = bounded(0, lambda v: v >= 0, ">= 0 (0 = none)", most=100_000)
+    # the first this many tokens see and are seen by every token (BigBird, Longformer)
+    window_global: int = bounded(0, lambda v: v >= 0, ">= 0", most=1_000_000)
 
 
 @dataclass
@@ -131,6 +142,30 @@ def validate(recipe: Any, error: Error) -> None:
         check_random_positions(recipe, error)
     if model.attention == "linear":
         check_linear_attention(recipe, error)
+    check_window(model, error)
+
+
+def check_window(model: ModelConfig, error: Any) -> None:
+    """The pattern's options need a window, and a window needs softmax attention over the
+    tokens' own consecutive positions."""
+    extras = {"window_dilation": model.window_dilation > 1, "window_stride": model.window_stride,
+              "window_global": model.window_global}  # fmt: skip
+    for key, set_ in extras.items():
+        if set_ and not model.window:
+            raise error(f"model.{key}", "shapes a sparse window: set model.window too")
+    if not model.window:
+        return
+    clashes = {
+        "attention": (model.attention == "linear", "linear attention has no window"),
+        "mem_len": (model.mem_len > 0, "window attention takes no memory; set it to 0"),
+        "random_positions": (
+            model.random_positions > 0,
+            "the window counts offsets of consecutive positions; set it to 0",
+        ),
+    }
+    for key, (clash, why) in clashes.items():
+        if clash:
+            raise error(f"model.{key}", f"{why} (model.window is {model.window})")
 
 
 def check_linear_attention(recipe: Any, error: Any) -> None:
