@@ -239,6 +239,8 @@ def test_profile_of_a_recipe_swaps_the_encoding(capsys):
         (["--layer", "attention", "--lengths", "0"], "--lengths"),
         (["--layer", "attention", "--compare", "rop"], "rope"),
         (["--layer", "attention", "--window", "7", "--compare", "rope"], "--window"),
+        (["--layer", "attention", "--sequence"], "--sequence"),
+        (["--layer", "attention", "--window", "7", "--sequence", "--compare", "swin"], "swin"),
         (["--layer", "attention", "--dim", "30", "--heads", "4"], "--dim"),
         (["quickstart", "model.dim=-4"], "model.dim"),
         (["quickstart", "--compare", "irpe"], "irpe"),

@@ -16,6 +16,11 @@ from posenc_cli.kernels import blocked_bias, flex
 from posenc_cli.kernels.visibility import Band, Visibility
 from posenc_cli.models.attention import Attention
 from posenc_cli.models.text import TextModel, sequence_window
+from posenc_cli.profiling.memory import peak_bytes
+from posenc_cli.profiling.sweep import fit_exponent, make_step
+from posenc_cli.profiling.workloads import LayerWorkload
+
+CPU = torch.device("cpu")
 
 # blocked: no bias, rotation, content-free biases, pairwise content; dense: value terms, CoPE
 NAMES = ["none", "rope", "alibi", "t5", "kerple", "sandwich", "fire", "xl", "deberta", "shaw"]
@@ -202,3 +207,15 @@ def test_the_sparse_lm_recipe_builds_windowed_blocks():
     model = TextModel(kind="lm", vocab_size=20, window=sequence_window(recipe.model))
     assert all(block.attn.band == Band(17, 2, None, 4) for block in model.blocks)
     assert sequence_window(load_recipe("text/lm-extrapolation").model) is None
+
+
+def test_memory_of_a_band_on_a_sequence_grows_linearly():
+    """The profiler's layer on a sequence: a training step's peak memory under a window, where
+    full attention would grow quadratically."""
+    sizes = [1024, 2048, 4096]
+    workload = LayerWorkload(dim=8, heads=1, window=9, dilation=2, sequence=True)
+    peaks = []
+    for n in sizes:
+        subject = workload.subject("alibi")
+        peaks.append(peak_bytes(make_step(subject, subject.inputs(n, 1, CPU), "train"), CPU))
+    assert 0.85 < fit_exponent(sizes, peaks) < 1.1
