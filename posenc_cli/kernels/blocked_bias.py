@@ -86,7 +86,7 @@ def blocks(q_pos: Tensor, k_pos: Tensor, seen: Visibility, block: int):
 def flash_blocks(q_pos: Tensor, k_pos: Tensor, seen: Visibility, block: int, viewed: bool):
     """The ``blocks`` of the flash calls: a viewed bias costs no memory, so where every query
     sees every key all rows go in one call."""
-    return blocks(q_pos, k_pos, seen, block if seen.sparse or not viewed else len(q_pos))
+    return blocks(q_pos, k_pos, seen, block if seen.hides_some or not viewed else len(q_pos))
 
 
 def masked_bias(
@@ -140,7 +140,7 @@ class DistanceTable:
         distance: built once per call of the kernel, however many blocks read it."""
         if (dtype, seen) not in self._read:
             table = self.table.detach().to(dtype)
-            if seen.sparse:
+            if seen.hides_some:
                 distance = torch.arange(table.shape[1], device=table.device) + self.low
                 table = table.masked_fill(seen.hidden_distance(distance), torch.finfo(dtype).min)
             self._read[dtype, seen] = table.contiguous()

@@ -57,15 +57,15 @@ class Visibility:
     start: int = 0
 
     @property
-    def sparse(self) -> bool:
+    def hides_some(self) -> bool:
+        """Whether some query does not see every key."""
         return self.causal or self.band is not None
 
     def hidden(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         """``(rows, keys)``, True where the query may not see the key; None if it sees all."""
-        offset = q_pos[:, None] - k_pos[None, :]
-        hidden = offset < 0 if self.causal else None
+        hidden = k_pos[None, :] > q_pos[:, None] if self.causal else None
         if self.band is not None:
-            off_band = ~self.band.on_offset(offset)
+            off_band = ~self.band.on_offset(q_pos[:, None] - k_pos[None, :])
             if self.band.global_tokens:
                 end = self.start + self.band.global_tokens
                 off_band &= (k_pos[None, :] >= end) & (q_pos[:, None] >= end)
