@@ -219,3 +219,24 @@ def test_memory_of_a_band_on_a_sequence_grows_linearly():
         subject = workload.subject("alibi")
         peaks.append(peak_bytes(make_step(subject, subject.inputs(n, 1, CPU), "train"), CPU))
     assert 0.85 < fit_exponent(sizes, peaks) < 1.1
+
+
+@pytest.mark.parametrize("name", ["xpos", "pope", "learned", "sinusoidal", "cope", "fox"])
+def test_the_other_sequence_encodings_under_a_causal_band(name, monkeypatch):
+    """Rotations with a decay or of their own kind, input embeddings (their W(x + p) is left to
+    the module, so only the output is compared with a second path: the dense one under the same
+    mask, reached through a key mask of all-real tokens), content-read position (CoPE) and the
+    forget gate (FoX), whose own kernel must not run under a window."""
+    monkeypatch.setattr(blocked_bias, "BLOCK", 8)
+    att = build(name, (5, 2, None, 2), causal=True)
+    x = torch.randn(2, 37, 32, dtype=torch.float64, requires_grad=True)
+    x_in = att.encoding.embed(x, torch.arange(37))
+    out = att(x_in)
+    dense = att(x_in, key_mask=torch.ones(2, 37, dtype=torch.bool))
+    torch.testing.assert_close(out, dense, rtol=0, atol=1e-10)
+    if att.encoding.qk_input(torch.arange(37)) is None:
+        torch.testing.assert_close(out, reference(att, x_in, (5, 2, None, 2), True), rtol=0,
+                                   atol=1e-10)  # fmt: skip
+    got = torch.autograd.grad(out.sum(), x)
+    want = torch.autograd.grad(dense.sum(), x)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-9)

@@ -217,7 +217,9 @@ class Attention(nn.Module):
         plain = encoding.family in ("none", "absolute", "rotary")
         terms = plain or encoding.content_free or encoding.pairwise_content
         terms = terms and not encoding.uses_value
+        # the CPU flash kernel in float32/64, with one head width (PoPE's q and k are wider)
         fits = q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
+        fits = fits and q.shape[-1] == v.shape[-1]
         if terms and fits and key_mask is None and drop == 0.0 and consecutive(k_pos):
             return self.blocked(q, k, v, q_pos, k_pos, scale, plain)
         hidden = Visibility(False, self.band, int(k_pos[0])).hidden(q_pos, k_pos)
