@@ -91,13 +91,9 @@ def window_mask(
 def band_mask(seen: Visibility, q_pos: Tensor, k_pos: Tensor):
     """A sequence's sparse pattern (``kernels/visibility.py``), with the causal mask if any, as
     a mask_mod."""
-    band = seen.band
-    end = seen.start + band.global_tokens  # positions before it are global
 
     def mask(b, h, q_idx, kv_idx):
-        q_at, k_at = q_pos[q_idx], k_pos[kv_idx]
-        visible = band.on_offset(q_at - k_at) | (q_at < end) | (k_at < end)
-        return visible & (k_at <= q_at) if seen.causal else visible
+        return seen.sees(q_pos[q_idx], k_pos[kv_idx])
 
     return mask
 

@@ -61,16 +61,24 @@ class Visibility:
         """Whether some query does not see every key."""
         return self.causal or self.band is not None
 
-    def hidden(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
-        """``(rows, keys)``, True where the query may not see the key; None if it sees all."""
-        hidden = k_pos[None, :] > q_pos[:, None] if self.causal else None
+    def sees(self, q_at: Tensor, k_at: Tensor) -> Tensor:
+        """Whether the query at position ``q_at`` sees the key at ``k_at``, elementwise: on
+        broadcast blocks, or on one pair inside a FlexAttention mask_mod (so nothing in place).
+        Only for a visibility that ``hides_some``."""
+        seen = k_at <= q_at if self.causal else None
         if self.band is not None:
-            off_band = ~self.band.on_offset(q_pos[:, None] - k_pos[None, :])
+            on_band = self.band.on_offset(q_at - k_at)
             if self.band.global_tokens:
                 end = self.start + self.band.global_tokens
-                off_band &= (k_pos[None, :] >= end) & (q_pos[:, None] >= end)
-            hidden = off_band if hidden is None else hidden | off_band
-        return hidden
+                on_band = on_band | (q_at < end) | (k_at < end)
+            seen = on_band if seen is None else seen & on_band
+        return seen
+
+    def hidden(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        """``(rows, keys)``, True where the query may not see the key; None if it sees all."""
+        if not self.hides_some:
+            return None
+        return ~self.sees(q_pos[:, None], k_pos[None, :])
 
     def hidden_distance(self, distance: Tensor) -> Tensor:
         """Per key-minus-query ``distance``, whether every such pair is hidden, globals aside."""

@@ -42,7 +42,12 @@ from posenc_cli.kernels.positions import consecutive, row_major_grid
 from posenc_cli.kernels.positions import dense as dense_positions
 from posenc_cli.kernels.visibility import Band, Visibility
 from posenc_cli.models import flex_path, linear_form
-from posenc_cli.models.window import check_global, check_pattern, window_attention
+from posenc_cli.models.window import (
+    check_global,
+    check_grid_global,
+    check_pattern,
+    window_attention,
+)
 
 
 def attention_mask(
@@ -84,8 +89,6 @@ class Attention(nn.Module):
         if form == "linear" and window is not None:
             raise UsageError("linear attention has no window: drop one of the two")
         self.window = window
-        # the pattern on a 1D sequence; an image grid reads the four numbers below
-        self.band = None if window is None else Band(window, dilation, stride, global_tokens)
         self.dilation = dilation
         self.stride = stride  # None: no strided lattice
         self.global_tokens = global_tokens  # patches that are global, beside the prefix
@@ -107,6 +110,19 @@ class Attention(nn.Module):
         self.q = nn.Linear(dim, dim, bias=qkv_bias)
         self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
+
+    @property
+    def band(self) -> Band | None:
+        """The sparse pattern on a 1D sequence (an image grid reads the same four numbers)."""
+        if self.window is None:
+            return None
+        return Band(self.window, self.dilation, self.stride, self.global_tokens)
+
+    @property
+    def no_logit_term(self) -> bool:
+        """Whether the encoding adds nothing to the logits (no position, absolute or rotary):
+        under a mask it needs no bias at all."""
+        return self.encoding.family in ("none", "absolute", "rotary")
 
     def split_heads(self, x: Tensor) -> Tensor:
         B, N, _ = x.shape
@@ -208,13 +224,9 @@ class Attention(nn.Module):
         the keys its band reaches, wherever the encoding's terms allow it (no value term; a bias
         of the positions, or of the pair's own q and k, or none); else the dense path under the
         pattern's mask, O(N^2) for the same numbers."""
-        if self.global_tokens > len(k_pos):
-            raise UsageError(
-                f"global_tokens {self.global_tokens} exceeds the {len(k_pos)} tokens of the "
-                f"sequence; give at most {len(k_pos)}"
-            )
+        check_global(self.global_tokens, len(k_pos), "tokens of the sequence")
         encoding = self.encoding
-        plain = encoding.family in ("none", "absolute", "rotary")
+        plain = self.no_logit_term
         terms = plain or encoding.content_free or encoding.pairwise_content
         terms = terms and not encoding.uses_value
         # the CPU flash kernel in float32/64, with one head width (PoPE's q and k are wider)
@@ -229,10 +241,9 @@ class Attention(nn.Module):
         """Whether the GPU path covers this call: a content-free bias (or, in window attention
         on a grid, no position term in the logits at all)."""
         if self.window is not None:
-            plain = self.encoding.family in ("none", "absolute", "rotary")
             if k_pos.dim() == 1 and self.encoding.toeplitz:
                 return memory is None and dense_positions(k_pos)
-            return memory is None and (self.encoding.content_free or plain)
+            return memory is None and (self.encoding.content_free or self.no_logit_term)
         if self.encoding.toeplitz and k_pos.dim() == 1:  # its score_mod reads a distance table
             return dense_positions(k_pos)
         return self.encoding.content_free
@@ -246,7 +257,7 @@ class Attention(nn.Module):
         if self.window is not None and k_pos.dim() == 1:
             mask = flex.band_mask(Visibility(self.causal, self.band, int(k_pos[0])), q_pos, k_pos)
         elif self.window is not None:
-            check_global(self.global_tokens, *grid_shape(k_pos)[:2])
+            check_grid_global(self.global_tokens, *grid_shape(k_pos)[:2])
             mask = flex.window_mask(
                 k_pos, self.window, self.dilation, self.stride, self.global_tokens
             )

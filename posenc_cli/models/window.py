@@ -119,13 +119,18 @@ def check_pattern(
         )
 
 
-def check_global(global_tokens: int, height: int, width: int) -> None:
-    """The global patches must be patches of the grid."""
-    if global_tokens > height * width:
+def check_global(global_tokens: int, count: int, of: str) -> None:
+    """The global tokens must be among the ``count`` tokens there are (``of`` names them:
+    "patches of the 3 x 4 grid", "tokens of the sequence")."""
+    if global_tokens > count:
         raise UsageError(
-            f"global_tokens {global_tokens} exceeds the {height * width} patches of the "
-            f"{height} x {width} grid; give at most {height * width}"
+            f"global_tokens {global_tokens} exceeds the {count} {of}; give at most {count}"
         )
+
+
+def check_grid_global(global_tokens: int, height: int, width: int) -> None:
+    """The global patches must be patches of the grid."""
+    check_global(global_tokens, height * width, f"patches of the {height} x {width} grid")
 
 
 def _plus(a: Tensor, b: Tensor | None) -> Tensor:
@@ -170,7 +175,7 @@ def window_attention(
     same shape. Patch queries see their slots and the global tokens (the P prefix tokens and the
     first ``global_tokens`` patches); global queries see everything."""
     height, width, prefix = grid_shape(positions)
-    check_global(global_tokens, height, width)
+    check_grid_global(global_tokens, height, width)
     n_global = prefix + global_tokens  # the first tokens: prefix, then the first patches
     glob, grid = slice(0, n_global), slice(prefix, None)
     pattern = (height, width, window, dilation, stride, global_tokens, q.device)
