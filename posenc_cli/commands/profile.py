@@ -248,6 +248,11 @@ def profile_command(
         ]
     elif sizes is None:
         sizes = DEFAULT_LENGTHS if layer else list(workload.recipe.eval.lengths)
+    if layer and global_tokens and global_tokens > min(sizes):
+        raise UsageError(
+            f"--global-tokens {global_tokens} exceeds the shortest --lengths, {min(sizes)} "
+            f"tokens; give at most {min(sizes)} or profile longer inputs"
+        )
     encodings = resolve_encodings(compare, default, compatible, workload.check)
     dev = pick_device(device, "--device")
     sweep = Sweep(
