@@ -128,3 +128,43 @@ def test_cuda_values_and_gradients_match_the_cpu_path(name):
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-3, atol=1e-4)
     for got, want in zip(grads[1], grads[0], strict=True):
         torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-3)
+
+
+def attention_cases():
+    """One Attention per kind of score_mod and mask_mod the GPU path builds: (attention,
+    positions)."""
+    seq = torch.arange(3, 43)  # not from 0
+    for name in ONE_D:
+        for causal in (True, False):
+            enc = build_encoding(name, dim=32, heads=4, head_dim=8, causal=causal)
+            yield (
+                f"{name}-{'causal' if causal else 'bidirectional'}",
+                Attention(32, 4, enc, causal=causal),
+                seq,
+            )
+    enc = build_encoding("alibi", dim=32, heads=4, head_dim=8, causal=True)
+    band = Attention(32, 4, enc, causal=True, window=5, dilation=2, stride=3, global_tokens=2)
+    yield "alibi-band", band, seq
+    pos = grid_positions(6, 7, prefix=1)
+    for name, params in TWO_D:
+        yield f"{name}-{params}", Attention(32, 4, grid_encoding(name, params, 6, 7)), pos
+    window = Attention(
+        32, 4, grid_encoding("swin", {}, 6, 7), window=3, dilation=2, stride=2, global_tokens=3
+    )
+    yield "swin-window", window, pos
+
+
+@pytest.mark.parametrize("case", list(attention_cases()), ids=lambda case: case[0])
+def test_every_mod_of_the_gpu_path_traces_into_one_graph(case, monkeypatch):
+    """CUDA compiles what Attention.flex builds into one graph: run the same calls through
+    torch.compile here (``fullgraph``, the eager backend, so no CUDA is needed), where a
+    score_mod or mask_mod that breaks the graph raises, and match the unfused call."""
+    _, att, pos = case
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, len(pos), 8) for _ in range(3))
+    assert att.flex_serves(None, pos)
+    with torch.no_grad():
+        want = att.flex(q, k, v, pos, pos, 0.3)
+        monkeypatch.setattr(flex, "kernel", lambda q: flex.compiled("eager"))
+        got = att.flex(q, k, v, pos, pos, 0.3)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -225,10 +225,19 @@ def test_recipe_keys_reach_the_model():
         (["profile", "--layer", "attention", "--window", "3", "--stride", "0"], "stride >= 1"),
         (["profile", "--layer", "attention", "--global-tokens", "4"], "--global-tokens 4"),
         (
-            ["profile", "--layer", "attention", "--window", "3", "--global-tokens", "64",
-             "--lengths", "256,16"],
+            [
+                "profile",
+                "--layer",
+                "attention",
+                "--window",
+                "3",
+                "--global-tokens",
+                "64",
+                "--lengths",
+                "256,16",
+            ],
             "--global-tokens 64 exceeds the shortest --lengths, 16 tokens",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_bad_recipe_keys_and_flags_are_one_line(capsys, tmp_path, args, words):

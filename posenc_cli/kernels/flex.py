@@ -98,11 +98,29 @@ def band_mask(seen: Visibility, q_pos: Tensor, k_pos: Tensor):
     return mask
 
 
-@lru_cache(maxsize=1)
-def _compiled():
+@lru_cache(maxsize=2)
+def compiled(backend: str = "inductor"):
+    """flex_attention compiled into one graph, so a score_mod or mask_mod that breaks the graph
+    fails loudly instead of falling back. CUDA takes inductor's fused kernel; the CPU tests
+    trace the same graphs with the ``eager`` backend, which has no backward here either."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False)
+    return torch.compile(flex_attention, backend=backend, dynamic=False, fullgraph=True)
+
+
+def eager(q, k, v, **options) -> Tensor:
+    """FlexAttention unfused (the CPU: forward only)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    with warnings.catch_warnings():  # eager on purpose: the CPU has no compiled form to use
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        return flex_attention(q, k, v, **options)
+
+
+def kernel(q: Tensor):
+    """The FlexAttention call for q's device: compiled on CUDA (once per shape, by
+    torch.compile's cache), eager elsewhere."""
+    return compiled() if q.is_cuda else eager
 
 
 def attention(
@@ -113,16 +131,11 @@ def attention(
     mask_mod=None,
     scale: float | None = None,
 ) -> Tensor:
-    """FlexAttention with ``score_mod`` and a block mask built from ``mask_mod``: compiled on
-    CUDA (once per shape, by torch.compile's cache), eager elsewhere (forward only)."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    """FlexAttention with ``score_mod`` and a block mask built from ``mask_mod``."""
+    from torch.nn.attention.flex_attention import create_block_mask
 
     block_mask = None
     if mask_mod is not None:
         Nq, Nk = q.shape[-2], k.shape[-2]
         block_mask = create_block_mask(mask_mod, None, None, Nq, Nk, device=q.device)
-    if q.is_cuda:
-        return _compiled()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
-    with warnings.catch_warnings():  # eager on purpose: the CPU has no compiled form to use
-        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+    return kernel(q)(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
