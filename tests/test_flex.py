@@ -12,6 +12,7 @@ import torch
 from posenc_cli.encodings import build_encoding, encoding_class
 from posenc_cli.encodings.base import BackboneFacts, grid_positions
 from posenc_cli.kernels import flex
+from posenc_cli.kernels.visibility import Visibility
 from posenc_cli.models import flex_path
 from posenc_cli.models.attention import Attention
 from posenc_cli.models.window import window_attention
@@ -168,3 +169,35 @@ def test_every_mod_of_the_gpu_path_traces_into_one_graph(case, monkeypatch):
         monkeypatch.setattr(flex, "kernel", lambda q: flex.compiled("eager"))
         got = att.flex(q, k, v, pos, pos, 0.3)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_block_masks_are_built_once_per_pattern_and_positions(monkeypatch):
+    """Every layer of every step asks for the same block mask: it is built once per pattern and
+    positions, and a new pattern or new positions get their own."""
+    from torch.nn.attention import flex_attention as module
+
+    builds = []
+    build = module.create_block_mask
+    monkeypatch.setattr(
+        module, "create_block_mask", lambda *a, **o: builds.append(1) or build(*a, **o)
+    )
+    monkeypatch.setattr(flex, "_block_masks", type(flex._block_masks)())
+    enc = build_encoding("alibi", dim=32, heads=4, head_dim=8, causal=True)
+    layers = [
+        Attention(32, 4, enc, causal=True),
+        Attention(32, 4, enc, causal=True, window=3),
+        Attention(32, 4, enc, causal=True, window=5),
+    ]
+    calls = [(0, torch.arange(40)), (0, torch.arange(40)), (0, torch.arange(3, 43)),
+             (1, torch.arange(40)), (2, torch.arange(40)), (2, torch.arange(40))]  # fmt: skip
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 40, 8) for _ in range(3))
+    with torch.no_grad():
+        for layer, pos in calls:
+            got = layers[layer].flex(q, k, v, pos, pos, 0.3)
+            seen = layers[layer].band
+            want = (q @ k.transpose(-2, -1) * 0.3 + enc.bias(q, k, pos, pos)).masked_fill(
+                Visibility(True, seen, int(pos[0])).hidden(pos, pos), float("-inf")
+            ).softmax(-1) @ v
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert len(builds) == 4  # causal at 0 and at 3, then each window once

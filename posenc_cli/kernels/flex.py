@@ -16,6 +16,7 @@ The score_mods here read small tables, never a per-pair tensor:
 from __future__ import annotations
 
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable
 from functools import lru_cache
 
@@ -123,6 +124,34 @@ def kernel(q: Tensor):
     return compiled() if q.is_cuda else eager
 
 
+BLOCK_MASKS_KEPT = 8  # the lengths one model sees in training and evaluation
+_block_masks: OrderedDict = OrderedDict()
+
+
+def positions_key(positions: Tensor) -> tuple:
+    """What a mask_mod reads of a position tensor, as a cache key."""
+    return tuple(positions.shape), positions.cpu().numpy().tobytes()
+
+
+def block_mask(mask_mod, key: tuple, Nq: int, Nk: int, device: torch.device):
+    """The BlockMask of ``mask_mod``, built once per ``key`` (the pattern and the positions it
+    reads): every layer of every step asks for the same one, and building it visits every pair.
+    On CUDA the build is compiled too, so no ``(Nq, Nk)`` mask is materialised."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    key = (key, Nq, Nk, str(device))
+    if key in _block_masks:
+        _block_masks.move_to_end(key)
+        return _block_masks[key]
+    made = create_block_mask(
+        mask_mod, None, None, Nq, Nk, device=device, _compile=device.type == "cuda"
+    )
+    _block_masks[key] = made
+    if len(_block_masks) > BLOCK_MASKS_KEPT:
+        _block_masks.popitem(last=False)
+    return made
+
+
 def attention(
     q: Tensor,
     k: Tensor,
@@ -130,12 +159,17 @@ def attention(
     score_mod: ScoreMod | None,
     mask_mod=None,
     scale: float | None = None,
+    mask_key: tuple | None = None,
 ) -> Tensor:
-    """FlexAttention with ``score_mod`` and a block mask built from ``mask_mod``."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    block_mask = None
+    """FlexAttention with ``score_mod`` and a block mask built from ``mask_mod``, cached under
+    ``mask_key`` when one is given (it must name everything the mask_mod reads)."""
+    masked = None
     if mask_mod is not None:
         Nq, Nk = q.shape[-2], k.shape[-2]
-        block_mask = create_block_mask(mask_mod, None, None, Nq, Nk, device=q.device)
-    return kernel(q)(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+        if mask_key is None:
+            from torch.nn.attention.flex_attention import create_block_mask
+
+            masked = create_block_mask(mask_mod, None, None, Nq, Nk, device=q.device)
+        else:
+            masked = block_mask(mask_mod, mask_key, Nq, Nk, q.device)
+    return kernel(q)(q, k, v, score_mod=score_mod, block_mask=masked, scale=scale)

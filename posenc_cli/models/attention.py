@@ -253,17 +253,20 @@ class Attention(nn.Module):
         mod = flex_path.score_mod_for(self.encoding, q, q_pos, k_pos) if (
             self.encoding.content_free
         ) else None  # fmt: skip
-        mask = None
+        mask, pattern = None, None
         if self.window is not None and k_pos.dim() == 1:
-            mask = flex.band_mask(Visibility(self.causal, self.band, int(k_pos[0])), q_pos, k_pos)
+            seen = Visibility(self.causal, self.band, int(k_pos[0]))
+            mask, pattern = flex.band_mask(seen, q_pos, k_pos), ("band", seen)
         elif self.window is not None:
             check_grid_global(self.global_tokens, *grid_shape(k_pos)[:2])
-            mask = flex.window_mask(
-                k_pos, self.window, self.dilation, self.stride, self.global_tokens
-            )
+            grid = (self.window, self.dilation, self.stride, self.global_tokens)
+            mask, pattern = flex.window_mask(k_pos, *grid), ("window", *grid)
         elif self.causal:
-            mask = flex.causal_mask(q_pos, k_pos)
-        return flex.attention(q, k, v, mod, mask, scale)
+            mask, pattern = flex.causal_mask(q_pos, k_pos), ("causal",)
+        key = None
+        if mask is not None:
+            key = (pattern, flex.positions_key(q_pos), flex.positions_key(k_pos))
+        return flex.attention(q, k, v, mod, mask, scale, key)
 
     def blocked(self, q, k, v, q_pos, k_pos, scale, plain: bool = False) -> Tensor:
         """A bias asked for one block of queries at a time: never the whole ``(H, Nq, Nk)``
