@@ -172,3 +172,22 @@ def save_loglog(
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return save_figure(fig, out)
+
+
+def save_rank_chart(result: dict, out: Path) -> Path:
+    """Each encoding's rank in each study, one line per encoding, best at the top; the legend
+    in the order of the mean rank."""
+    studies = [s["name"] for s in result["studies"]]
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.6 * len(studies) + 2.5), 5.2))
+    colors = plt.cm.tab20(np.linspace(0, 1, max(len(result["order"]), 2)))
+    for color, name in zip(colors, result["order"], strict=False):
+        row = result["encodings"][name]
+        ranks = [row["studies"][s]["rank"] for s in studies]
+        ax.plot(studies, ranks, marker="o", color=color, label=f"{name} ({row['mean_rank']:.1f})")
+    ax.invert_yaxis()  # rank 1 on top
+    ax.set_ylabel("rank in the study (1 best)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), title="mean rank")
+    ax.set_title(f"{result['metric'].replace('_', ' ')} past the trained range", fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, out)

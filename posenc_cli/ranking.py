@@ -1,0 +1,177 @@
+"""Encodings ranked across tasks, the way Kazemnejad et al. 2023 sum up length generalisation.
+
+Each study (a sweep directory, one task) scores every encoding by its metric past the trained
+range: seed by seed, the mean over the evaluated lengths beyond the longest trained one. Within a
+study the encodings are ranked by their mean score (1 is best, ties share the mean of their
+ranks); across studies by their mean rank. Friedman's test (scipy) says whether the rankings
+differ beyond chance at all, which three seeds per cell cannot say of any two neighbours.
+
+Only encodings every study holds are ranked; the others are named, not dropped silently.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from scipy import stats
+
+from posenc_cli.compare import LOWER_IS_BETTER, compare, metrics_of, summarise
+from posenc_cli.errors import UsageError
+from posenc_cli.report.measure import encoding_groups, read_study
+
+SCHEMA = "posenc.rank/1"
+
+
+def past_range(group: dict[str, Any], metric: str) -> dict[str, Any] | None:
+    """The group's score: per seed, its mean ``metric`` over the lengths past the trained range;
+    and the metric at the longest trained length beside it. None without such lengths."""
+    trained = group.get("train_lengths")
+    if not trained:
+        return None
+    top = int(trained[-1])
+    past = sorted((n for n in group["lengths"] if n.isdigit() and int(n) > top), key=int)
+    cells = [group["lengths"][n].get(metric) for n in past]
+    inside = group["lengths"].get(str(top), {}).get(metric)
+    if not past or any(c is None for c in cells) or inside is None:
+        return None
+    seeds = cells[0]["seeds"]
+    per_seed = [
+        statistics.fmean(dict(zip(c["seeds"], c["values"], strict=True))[s] for c in cells)
+        for s in seeds
+    ]
+    score = summarise(per_seed, seeds)
+    score.update(lengths=[int(n) for n in past], in_range=inside["mean"])
+    if "fitted" in group:
+        score["fitted"] = len(group["fitted"]["seeds"])
+    return score
+
+
+def mean_ranks(means: dict[str, float], lower_is_better: bool) -> dict[str, float]:
+    """1 for the best mean; ties share the mean of the ranks they span."""
+    names = list(means)
+    signed = [means[n] if lower_is_better else -means[n] for n in names]
+    return dict(zip(names, map(float, stats.rankdata(signed, method="average")), strict=True))
+
+
+def rank(paths: list[Path], metric: str | None = None, fitted_at: float | None = None) -> dict:
+    """``{"metric", "studies", "encodings": {name: {"studies": {study: score}, "mean_rank"}},
+    "order", "friedman", "left_out"}``; a score is ``past_range``'s plus its ``rank``."""
+    if len(paths) < 2:
+        raise UsageError("rank needs two or more studies (one sweep directory per task)")
+    studies, scores = [], {}
+    for path in paths:
+        study = read_study(path)
+        chosen = metric or metrics_of(study.kind)[0]
+        if chosen not in metrics_of(study.kind):
+            raise UsageError(
+                f"--metric {chosen!r}: {path} holds {study.kind} runs; choose one of "
+                f"{', '.join(metrics_of(study.kind))}"
+            )
+        metric = chosen
+        study.result = compare([path], fitted_at=fitted_at, fit_metric=metric)
+        name = path.name if path.name not in (s["name"] for s in studies) else str(path)
+        found = {
+            encoding: score
+            for encoding, group in encoding_groups(study).items()
+            if (score := past_range(group, metric)) is not None
+        }
+        if not found:
+            raise UsageError(
+                f"{path}: no encoding was evaluated past its trained range; rank compares "
+                "extrapolation, so evaluate longer lengths (eval.lengths) first"
+            )
+        studies.append({"name": name, "path": str(path), "task": study.task})
+        scores[name] = found
+    assert metric is not None
+    lower = metric in LOWER_IS_BETTER
+    common = set.intersection(*(set(found) for found in scores.values()))
+    if len(common) < 2:
+        raise UsageError(
+            "these studies share fewer than two encodings; rank needs the same encodings in "
+            "every study"
+        )
+    everywhere = sorted(common)
+    for found in scores.values():
+        for encoding, r in mean_ranks({e: found[e]["mean"] for e in everywhere}, lower).items():
+            found[encoding]["rank"] = r
+    encodings = {
+        e: {
+            "studies": {s["name"]: scores[s["name"]][e] for s in studies},
+            "mean_rank": statistics.fmean(scores[s["name"]][e]["rank"] for s in studies),
+        }
+        for e in everywhere
+    }
+    order = sorted(everywhere, key=lambda e: (encodings[e]["mean_rank"], e))
+    friedman = None
+    if len(studies) >= 3:  # scipy's test needs three measurements per encoding
+        test = stats.friedmanchisquare(
+            *[[scores[s["name"]][e]["mean"] for s in studies] for e in everywhere]
+        )
+        friedman = {"statistic": float(test.statistic), "p": float(test.pvalue)}
+    left_out = {
+        e: [s["name"] for s in studies if e not in scores[s["name"]]]
+        for e in sorted(set().union(*scores.values()) - common)
+    }
+    result = {
+        "schema": SCHEMA,
+        "metric": metric,
+        "lower_is_better": lower,
+        "studies": studies,
+        "encodings": encodings,
+        "order": order,
+        "friedman": friedman,
+        "left_out": left_out,
+    }
+    if fitted_at is not None:
+        result["fit"] = {"metric": metric, "threshold": fitted_at}
+    return result
+
+
+def cell(score: dict[str, Any], fitted: bool) -> str:
+    """``0.418 #3``; with a fit criterion, ``(2/3 fit)`` where not every seed fitted."""
+    text = f"{score['mean']:.3f} #{score['rank']:g}"
+    if fitted and score["fitted"] < score["n"]:
+        text += f" ({score['fitted']}/{score['n']} fit)"
+    return text
+
+
+def rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    fitted = "fit" in result
+    header = ["encoding", *(s["name"] for s in result["studies"]), "mean rank"]
+    body = []
+    for e in result["order"]:
+        row = result["encodings"][e]
+        cells = [cell(row["studies"][s["name"]], fitted) for s in result["studies"]]
+        body.append([e, *cells, f"{row['mean_rank']:.2f}"])
+    return header, body
+
+
+def notes(result: dict[str, Any]) -> list[str]:
+    """What the table's numbers are, the Friedman test, and the encodings left out."""
+    better = "lower" if result["lower_is_better"] else "higher"
+    lines = [
+        f"{result['metric']} past the trained range (the mean over every evaluated length beyond "
+        f"the longest trained one, seed by seed; {better} is better), its rank in the study "
+        "(1 best, ties share), and the mean rank over studies."
+    ]
+    test = result["friedman"]
+    if test is None:
+        lines.append("Friedman's test needs three studies or more.")
+    else:
+        verdict = "differ" if test["p"] < 0.05 else "are not told apart"
+        lines.append(
+            f"Friedman's test over {len(result['studies'])} studies: chi2 {test['statistic']:.2f},"
+            f" p {test['p']:.3g}; the rankings {verdict} at 5%."
+        )
+    for e, missing in result["left_out"].items():
+        lines.append(f"{e} is left out: not in {', '.join(missing)}.")
+    return lines
+
+
+def markdown(result: dict[str, Any]) -> str:
+    header, body = rows(result)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in body]
+    return "\n".join([*lines, "", *notes(result)]) + "\n"
