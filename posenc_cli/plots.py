@@ -184,6 +184,7 @@ def save_rank_chart(result: dict, out: Path) -> Path:
         row = result["encodings"][name]
         ranks = [row["studies"][s]["rank"] for s in studies]
         ax.plot(studies, ranks, marker="o", color=color, label=f"{name} ({row['mean_rank']:.1f})")
+    ax.set_yticks(range(1, len(result["order"]) + 1))
     ax.invert_yaxis()  # rank 1 on top
     ax.set_ylabel("rank in the study (1 best)")
     ax.grid(alpha=0.3)
