@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,6 +45,16 @@ def check_png(out: Path | None) -> None:
     """``--out`` must name a PNG file: say so before any work is done."""
     if out is not None and out.suffix.lower() != ".png":
         raise UsageError(f"--out {out}: give a file name ending in .png")
+
+
+def check_metric_options(metric: str | None, fitted_at: float | None) -> None:
+    """``--metric`` among the metrics some kind has, ``--fitted-at`` a finite threshold."""
+    from posenc_cli.compare import all_metrics
+
+    if metric is not None and metric not in all_metrics():
+        raise UsageError(f"--metric {metric!r}: choose one of {', '.join(all_metrics())}")
+    if fitted_at is not None and not math.isfinite(fitted_at):
+        raise UsageError(f"--fitted-at {fitted_at}: give a finite threshold, e.g. 0.99")
 
 
 def reject_options(options: dict[str, object], reason: str) -> None:

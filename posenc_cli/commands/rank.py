@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from posenc_cli.commands.common import CompareFormat, check_png, check_writable, console, written
-from posenc_cli.errors import UsageError
+from posenc_cli.commands.common import (
+    CompareFormat,
+    check_metric_options,
+    check_png,
+    check_writable,
+    console,
+    written,
+)
 
 
 def rank_command(
@@ -42,13 +47,9 @@ def rank_command(
     Example: posenc rank runs/length-gen/copy runs/length-gen/reverse runs/length-gen/parity
     --metric exact_match --fitted-at 0.99
     """
-    from posenc_cli.compare import all_metrics
     from posenc_cli.ranking import markdown, notes, rank, rows
 
-    if metric is not None and metric not in all_metrics():
-        raise UsageError(f"--metric {metric!r}: choose one of {', '.join(all_metrics())}")
-    if fitted_at is not None and not math.isfinite(fitted_at):
-        raise UsageError(f"--fitted-at {fitted_at}: give a finite threshold, e.g. 0.99")
+    check_metric_options(metric, fitted_at)
     check_png(out)
     if out is not None:
         check_writable(out.parent, f"--out {out}", "give a path in a folder you can write")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -13,7 +12,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from posenc_cli.commands.common import CompareFormat, Format, check_png, console, int_list
+from posenc_cli.commands.common import (
+    CompareFormat,
+    Format,
+    check_metric_options,
+    check_png,
+    console,
+    int_list,
+)
 from posenc_cli.errors import UsageError
 
 
@@ -203,16 +209,12 @@ def compare_command(
     Example: posenc compare runs/extrapolation --baseline none --format md
     """
     from posenc_cli.commands.common import check_writable, written
-    from posenc_cli.compare import all_metrics, compare, metrics_of
+    from posenc_cli.compare import compare, metrics_of
 
     check_png(out)
     if out is not None:
         check_writable(out.parent, f"--out {out}", "give a path in a folder you can write")
-    known = all_metrics()
-    if metric is not None and metric not in known:
-        raise UsageError(f"--metric {metric!r}: choose one of {', '.join(known)}")
-    if fitted_at is not None and not math.isfinite(fitted_at):
-        raise UsageError(f"--fitted-at {fitted_at}: give a finite threshold, e.g. 0.99")
+    check_metric_options(metric, fitted_at)
     result = compare(runs, baseline, fitted_at, metric)
     valid = metrics_of(result["kind"])
     metric = metric or valid[0]
