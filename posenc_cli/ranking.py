@@ -6,12 +6,16 @@ study the encodings are ranked by their mean score (1 is best, ties share the me
 ranks); across studies by their mean rank. Friedman's test (scipy) says whether the rankings
 differ beyond chance at all, which three seeds per cell cannot say of any two neighbours.
 
-Only encodings every study holds are ranked; the others are named, not dropped silently.
+Encodings are matched across studies by ``compare``'s label, parameters and other swept settings
+included (``rope(base=500)`` is not ``rope``). Only the labels every study holds are ranked; the
+others are named, not dropped silently.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +23,7 @@ from scipy import stats
 
 from posenc_cli.compare import LOWER_IS_BETTER, compare, metrics_of, summarise
 from posenc_cli.errors import UsageError
-from posenc_cli.report.measure import encoding_groups, read_study
+from posenc_cli.report.measure import read_study
 
 SCHEMA = "posenc.rank/1"
 
@@ -31,10 +35,19 @@ def past_range(group: dict[str, Any], metric: str) -> dict[str, Any] | None:
     if not trained:
         return None
     top = int(trained[-1])
-    past = sorted((n for n in group["lengths"] if n.isdigit() and int(n) > top), key=int)
-    cells = [group["lengths"][n].get(metric) for n in past]
+    # a length only some seeds were evaluated at (one run's extra `posenc evaluate`) has no
+    # cell for the group: score the lengths every seed has
+    past = sorted(
+        (
+            n
+            for n in group["lengths"]
+            if n.isdigit() and int(n) > top and metric in group["lengths"][n]
+        ),
+        key=int,
+    )
+    cells = [group["lengths"][n][metric] for n in past]
     inside = group["lengths"].get(str(top), {}).get(metric)
-    if not past or any(c is None for c in cells) or inside is None:
+    if not past or inside is None:
         return None
     seeds = cells[0]["seeds"]
     per_seed = [
@@ -70,11 +83,11 @@ def rank(paths: list[Path], metric: str | None = None, fitted_at: float | None =
                 f"{', '.join(metrics_of(study.kind))}"
             )
         metric = chosen
-        study.result = compare([path], fitted_at=fitted_at, fit_metric=metric)
+        result = compare([path], fitted_at=fitted_at, fit_metric=metric)
         name = path.name if path.name not in (s["name"] for s in studies) else str(path)
-        found = {
-            encoding: score
-            for encoding, group in encoding_groups(study).items()
+        found = {  # by compare's label: rope(base=500) is not rope
+            label: score
+            for label, group in result["groups"].items()
             if (score := past_range(group, metric)) is not None
         }
         if not found:
@@ -82,7 +95,8 @@ def rank(paths: list[Path], metric: str | None = None, fitted_at: float | None =
                 f"{path}: no encoding was evaluated past its trained range; rank compares "
                 "extrapolation, so evaluate longer lengths (eval.lengths) first"
             )
-        studies.append({"name": name, "path": str(path), "task": study.task})
+        short = sorted(set(result["groups"]) - set(found))  # there, but not past the range
+        studies.append({"name": name, "path": str(path), "task": study.task, "short": short})
         scores[name] = found
     assert metric is not None
     lower = metric in LOWER_IS_BETTER
@@ -105,15 +119,20 @@ def rank(paths: list[Path], metric: str | None = None, fitted_at: float | None =
     }
     order = sorted(everywhere, key=lambda e: (encodings[e]["mean_rank"], e))
     friedman = None
-    if len(studies) >= 3:  # scipy's test needs three measurements per encoding
-        test = stats.friedmanchisquare(
-            *[[scores[s["name"]][e]["mean"] for s in studies] for e in everywhere]
-        )
-        friedman = {"statistic": float(test.statistic), "p": float(test.pvalue)}
-    left_out = {
-        e: [s["name"] for s in studies if e not in scores[s["name"]]]
-        for e in sorted(set().union(*scores.values()) - common)
-    }
+    if len(studies) >= 3 and len(everywhere) >= 3:  # what scipy's test needs
+        with warnings.catch_warnings():  # all tied: scipy divides 0 by 0, answered below
+            warnings.simplefilter("ignore", RuntimeWarning)
+            test = stats.friedmanchisquare(
+                *[[scores[s["name"]][e]["mean"] for s in studies] for e in everywhere]
+            )
+        statistic, p = float(test.statistic), float(test.pvalue)
+        tied = not (math.isfinite(statistic) and math.isfinite(p))  # every study all tied
+        friedman = {"statistic": None if tied else statistic, "p": None if tied else p}
+    left_out = {  # label -> why, per study it misses
+        e: {s["name"]: "short" if e in s["short"] else "absent" for s in studies
+            if e not in scores[s["name"]]}
+        for e in sorted(set().union(*scores.values(), *(s["short"] for s in studies)) - common)
+    }  # fmt: skip
     result = {
         "schema": SCHEMA,
         "metric": metric,
@@ -158,7 +177,9 @@ def notes(result: dict[str, Any]) -> list[str]:
     ]
     test = result["friedman"]
     if test is None:
-        lines.append("Friedman's test needs three studies or more.")
+        lines.append("Friedman's test needs three studies or more and three encodings or more.")
+    elif test["p"] is None:
+        lines.append("Friedman's test: every study ties every encoding; nothing to tell apart.")
     else:
         verdict = "differ" if test["p"] < 0.05 else "are not told apart"
         lines.append(
@@ -166,7 +187,12 @@ def notes(result: dict[str, Any]) -> list[str]:
             f" p {test['p']:.3g}; the rankings {verdict} at 5%."
         )
     for e, missing in result["left_out"].items():
-        lines.append(f"{e} is left out: not in {', '.join(missing)}.")
+        absent = [s for s, why in missing.items() if why == "absent"]
+        short = [s for s, why in missing.items() if why == "short"]
+        reasons = [f"not in {', '.join(absent)}"] if absent else []
+        if short:
+            reasons.append(f"not evaluated past the trained range in {', '.join(short)}")
+        lines.append(f"{e} is left out: {'; '.join(reasons)}.")
     return lines
 
 

@@ -201,3 +201,19 @@ def test_block_masks_are_built_once_per_pattern_and_positions(monkeypatch):
             ).softmax(-1) @ v
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert len(builds) == 4  # causal at 0 and at 3, then each window once
+
+
+def test_more_shapes_than_dynamos_default_limit_still_compile(monkeypatch):
+    """One static kernel per shape: a profile visits more lengths than dynamo's default of 8,
+    and with fullgraph the 9th would be an error rather than a fallback."""
+    monkeypatch.setattr(flex, "kernel", lambda q: flex.compiled("eager"))
+    enc = build_encoding("alibi", dim=32, heads=4, head_dim=8, causal=True)
+    att = Attention(32, 4, enc, causal=True)
+    with torch.no_grad():
+        for n in range(20, 32):
+            q, k, v = (torch.randn(1, 4, n, 8) for _ in range(3))
+            pos = torch.arange(n)
+            want = flex.eager(q, k, v, score_mod=flex_path.score_mod_for(enc, q, pos, pos),
+                              block_mask=flex.block_mask(flex.causal_mask(pos, pos), ("c",), n, n,
+                                                         q.device))  # fmt: skip
+            torch.testing.assert_close(att.flex(q, k, v, pos, pos, None), want, rtol=0, atol=0)

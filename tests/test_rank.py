@@ -137,3 +137,53 @@ def test_a_study_not_evaluated_past_its_range_is_refused(tmp_path, tasks, capsys
         path.write_text(json.dumps(result))
     code, _, err = run(capsys, "rank", str(tasks[0]), str(short))
     assert code == 2 and "no encoding was evaluated past its trained range" in err
+
+
+def test_friedman_is_left_out_with_two_shared_encodings_and_when_all_tie(tmp_path, capsys):
+    two = [write_task(tmp_path / "two" / t, {e: TASKS[t][e] for e in ("alibi", "rope")})
+           for t in TASKS]  # fmt: skip
+    code, out, err = run(capsys, "rank", *map(str, two), "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["friedman"] is None
+    zero = {e: [(1.0, 0.0, 0.0)] * 3 for e in ("alibi", "none", "rope")}
+    tied = [write_task(tmp_path / "tied" / t, zero) for t in TASKS]
+    code, out, err = run(capsys, "rank", *map(str, tied), "--format", "json")
+    assert code == 0, err
+    result = json.loads(out)  # strict JSON: no NaN
+    assert result["friedman"] == {"statistic": None, "p": None}
+    assert {r["studies"]["copy"]["rank"] for r in result["encodings"].values()} == {2.0}
+    code, out, _ = run(capsys, "rank", *map(str, tied), "--format", "md")
+    assert "every study ties every encoding" in out
+
+
+def test_a_length_only_one_seed_has_is_not_scored(tasks, capsys):
+    """One run evaluated again at 20 (`posenc evaluate` on one seed): the group keeps its
+    score over the lengths all its seeds have."""
+    path = tasks[0] / "encoding.name=alibi,seed=0" / "eval.json"
+    result = json.loads(path.read_text())
+    result["lengths"]["20"] = dict(result["lengths"]["16"], token_accuracy=0.0)
+    path.write_text(json.dumps(result))
+    code, out, err = run(capsys, "rank", *map(str, tasks), "--format", "json")
+    assert code == 0, err
+    score = json.loads(out)["encodings"]["alibi"]["studies"]["copy"]
+    assert score["lengths"] == [12, 16] and score["mean"] == pytest.approx(by_hand("copy", "alibi"))
+
+
+def test_encodings_are_matched_by_label_with_their_parameters(tmp_path, tasks, capsys):
+    for task in tasks:
+        write_task(task, {"fire": TASKS["copy"]["alibi"]})
+    for path in (tasks[0] / "encoding.name=rope,seed=0").parent.glob("encoding.name=rope,*"):
+        result = json.loads((path / "eval.json").read_text())
+        result["encoding_params"] = {"base": 500}
+        (path / "eval.json").write_text(json.dumps(result))
+    short = tasks[2] / "encoding.name=none,seed=0" / "eval.json"
+    for path in tasks[2].glob("encoding.name=none,*/eval.json"):
+        result = json.loads(path.read_text())
+        result["train_lengths"] = [1, 16]  # nothing past its range
+        path.write_text(json.dumps(result))
+    assert short.is_file()
+    code, out, err = run(capsys, "rank", *map(str, tasks), "--format", "md")
+    assert code == 0, err
+    assert "rope(base=500) is left out: not in reverse, sort." in out
+    assert "rope is left out: not in copy." in out
+    assert "none is left out: not evaluated past the trained range in sort." in out

@@ -99,6 +99,16 @@ def band_mask(seen: Visibility, q_pos: Tensor, k_pos: Tensor):
     return mask
 
 
+# One compiled kernel per shape (dynamic=False: the static kernels are flex's fastest), and a
+# profile or benchmark visits more shapes than dynamo's default of 8 per function; with
+# fullgraph, going past it would be an error rather than a slow fallback.
+RECOMPILES = 64
+
+
+def allow_recompiles() -> None:
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILES)
+
+
 @lru_cache(maxsize=2)
 def compiled(backend: str = "inductor"):
     """flex_attention compiled into one graph, so a score_mod or mask_mod that breaks the graph
@@ -106,7 +116,17 @@ def compiled(backend: str = "inductor"):
     trace the same graphs with the ``eager`` backend, which has no backward here either."""
     from torch.nn.attention.flex_attention import flex_attention
 
+    allow_recompiles()
     return torch.compile(flex_attention, backend=backend, dynamic=False, fullgraph=True)
+
+
+@lru_cache(maxsize=1)
+def compiled_block_mask():
+    """create_block_mask compiled (CUDA): it visits every pair without materialising them."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    allow_recompiles()
+    return torch.compile(create_block_mask)
 
 
 def eager(q, k, v, **options) -> Tensor:
@@ -143,9 +163,8 @@ def block_mask(mask_mod, key: tuple, Nq: int, Nk: int, device: torch.device):
     if key in _block_masks:
         _block_masks.move_to_end(key)
         return _block_masks[key]
-    made = create_block_mask(
-        mask_mod, None, None, Nq, Nk, device=device, _compile=device.type == "cuda"
-    )
+    build = compiled_block_mask() if device.type == "cuda" else create_block_mask
+    made = build(mask_mod, None, None, Nq, Nk, device=device)
     _block_masks[key] = made
     if len(_block_masks) > BLOCK_MASKS_KEPT:
         _block_masks.popitem(last=False)
