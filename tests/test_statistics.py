@@ -147,3 +147,14 @@ def test_compare_pairs_runs_by_seed_not_by_order(tmp_path, capsys):
     want = stats.ttest_rel(a, b).pvalue
     assert test["paired"]["p"] == pytest.approx(want) and test["paired"]["seeds"] == 11
     assert test["p"] > 0.5 and test["paired"]["resolved"]  # pairing sees what Welch cannot
+
+
+def test_nearly_identical_seeds_give_a_p_and_no_warning():
+    """Seeds at 0.9998 and 1.0 made scipy warn of precision loss on stderr, once per cell."""
+    import warnings
+
+    a, b = [0.99980000001, 0.9998, 0.99980000002], [1.0, 0.99999999999, 1.0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        test, pair = welch(a, b), paired(dict(enumerate(a)), dict(enumerate(b)))
+    assert test["p"] is not None and test["resolved"] and pair["p"] is not None
