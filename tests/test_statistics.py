@@ -150,11 +150,16 @@ def test_compare_pairs_runs_by_seed_not_by_order(tmp_path, capsys):
 
 
 def test_nearly_identical_seeds_give_a_p_and_no_warning():
-    """Seeds at 0.9998 and 1.0 made scipy warn of precision loss on stderr, once per cell."""
+    """A baseline at 1.0 in every seed made scipy warn of precision loss on stderr, once per
+    cell (seen on a real sweep: these are reverse's per-token accuracies at n=10)."""
     import warnings
 
-    a, b = [0.99980000001, 0.9998, 0.99980000002], [1.0, 0.99999999999, 1.0]
+    a, b = [0.9996448863636364, 1.0, 0.9992897727272727], [1.0, 1.0, 1.0]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         test, pair = welch(a, b), paired(dict(enumerate(a)), dict(enumerate(b)))
-    assert test["p"] is not None and test["resolved"] and pair["p"] is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the reference may warn
+        reference = stats.ttest_ind(a, b, equal_var=False).pvalue
+    assert test["p"] == pytest.approx(reference)
+    assert not test["resolved"] and pair["p"] is not None
