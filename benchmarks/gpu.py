@@ -13,6 +13,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 
 import torch
 from rich.console import Console
@@ -22,14 +23,15 @@ from posenc_cli.encodings import ENCODINGS, build_encoding
 from posenc_cli.models.attention import Attention
 
 
-def layer_step(name: str, batch: int, heads: int, head_dim: int, length: int):
+def layer_step(name: str, batch: int, heads: int, head_dim: int, length: int, device: str = "cuda"):
     torch.manual_seed(0)
     dim = heads * head_dim
     extra = {"length": length} if name == "learned" else {}
     enc = build_encoding(name, dim=dim, heads=heads, head_dim=head_dim, causal=True, **extra)
-    att = Attention(dim, heads, enc, causal=True).cuda().to(torch.bfloat16)
-    x = torch.randn(batch, length, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    positions = torch.arange(length, device="cuda")
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    att = Attention(dim, heads, enc, causal=True).to(device, dtype)
+    x = torch.randn(batch, length, dim, device=device, dtype=dtype, requires_grad=True)
+    positions = torch.arange(length, device=device)
 
     def step() -> None:
         att(enc.embed(x, positions)).float().sum().backward()
@@ -37,7 +39,12 @@ def layer_step(name: str, batch: int, heads: int, head_dim: int, length: int):
     return step
 
 
-def seconds_of(step, repeats: int) -> float:
+def seconds_of(step, repeats: int, device: str = "cuda") -> float:
+    if device != "cuda":  # the CPU: only for checking this script without a GPU
+        start = time.perf_counter()
+        for _ in range(repeats):
+            step()
+        return (time.perf_counter() - start) / repeats
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(repeats):
@@ -47,26 +54,30 @@ def seconds_of(step, repeats: int) -> float:
     return start.elapsed_time(end) / 1e3 / repeats
 
 
-def measure(names, lengths, batch, heads, head_dim, rounds, repeats):
+def measure(names, lengths, batch, heads, head_dim, rounds, repeats, device="cuda"):
     results = {}
+    cuda = device == "cuda"
     for length in lengths:
         scaled = max(1, batch * 1024 // length)  # fewer sequences at long lengths: same tokens
         steps, failed = {}, {}
         for n in names:
             try:
-                steps[n] = layer_step(n, scaled, heads, head_dim, length)
+                steps[n] = layer_step(n, scaled, heads, head_dim, length, device)
                 steps[n]()  # compiles and warms up
-                torch.cuda.synchronize()
+                if cuda:
+                    torch.cuda.synchronize()
             except Exception as error:  # noqa: BLE001 (a failed compile too): recorded, not hidden
                 failed[n] = str(error).splitlines()[0][:120]
                 steps.pop(n, None)
-            torch.cuda.empty_cache()
+            if cuda:
+                torch.cuda.empty_cache()
         times = {n: [] for n in steps}
         for _ in range(rounds):
             for n, step in steps.items():
-                times[n].append(seconds_of(step, repeats))
-        base = statistics.median(times["none"])
-        row = {n: {"seconds": statistics.median(t), "ratio": statistics.median(t) / base}
+                times[n].append(seconds_of(step, repeats, device))
+        base = statistics.median(times["none"]) if "none" in times else None  # it may fail too
+        row = {n: {"seconds": statistics.median(t),
+                   "ratio": statistics.median(t) / base if base else None}
                for n, t in times.items()}  # fmt: skip
         row.update({n: {"failed": why} for n, why in failed.items()})
         results[length] = {"batch": scaled, "encodings": row}
@@ -95,6 +106,10 @@ def main() -> None:
     if args.format == "json":
         print(json.dumps({"setup": vars(args), "device": device, "results": results}, indent=2))
         return
+    Console().print(ratio_table(results, names, lengths, device))
+
+
+def ratio_table(results, names, lengths, device: str) -> Table:
     table = Table(title=f"causal attention fwd+bwd, bf16, {device}: time / time(none)")
     table.add_column("encoding")
     for length in lengths:
@@ -103,9 +118,14 @@ def main() -> None:
         cells = []
         for length in lengths:
             cell = results[length]["encodings"][n]
-            cells.append(f"{cell['ratio']:.2f}x" if "ratio" in cell else "failed")
+            if "failed" in cell:
+                cells.append("failed")
+            elif cell["ratio"] is None:  # none failed at this length
+                cells.append(f"{cell['seconds'] * 1e3:.1f} ms")
+            else:
+                cells.append(f"{cell['ratio']:.2f}x")
         table.add_row(n, *cells)
-    Console().print(table)
+    return table
 
 
 if __name__ == "__main__":
