@@ -128,3 +128,19 @@ def near_ties_quiet() -> Iterator[None]:
 def finite(x: float) -> float | None:
     """``x``, or None where it is infinite (two spreads of zero): JSON has no infinity."""
     return x if math.isfinite(x) else None
+
+
+ADJUSTMENTS = ("holm", "bh")  # family-wise error (Holm 1979), false discovery rate (BH 1995)
+
+
+def adjusted(p_values: list[float], method: str) -> list[float]:
+    """p-values adjusted for testing them all at once: ``holm`` keeps the chance of any false
+    resolution at 5%, ``bh`` (Benjamini-Hochberg, scipy) the expected share of false ones."""
+    if method == "bh":
+        return [float(p) for p in stats.false_discovery_control(p_values)] if p_values else []
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    out, running = [0.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):  # step down: the smallest p times m, the next times m - 1
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        out[i] = running
+    return out

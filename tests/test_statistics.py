@@ -163,3 +163,42 @@ def test_nearly_identical_seeds_give_a_p_and_no_warning():
         reference = stats.ttest_ind(a, b, equal_var=False).pvalue
     assert test["p"] == pytest.approx(reference)
     assert not test["resolved"] and pair["p"] is not None
+
+
+def test_holm_steps_down_and_bh_is_scipys():
+    from posenc_cli.statistics import adjusted
+
+    p = [0.01, 0.04, 0.03, 0.005]
+    # Holm by hand: sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1, kept non-decreasing
+    assert adjusted(p, "holm") == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert adjusted([0.5, 0.9], "holm") == pytest.approx([1.0, 1.0])  # capped at 1
+    assert adjusted(p, "bh") == pytest.approx(list(stats.false_discovery_control(p)))
+    assert adjusted([], "holm") == [] and adjusted([], "bh") == []
+
+
+def test_compare_adjust_resolves_by_the_adjusted_p(tmp_path, capsys):
+    write_runs(tmp_path, {"none": B, "alibi": A, "rope": [0.70, 0.80, 0.72, 0.76]})
+    code, out, err = run(capsys, "compare", str(tmp_path), "--baseline", "none", "--adjust",
+                         "holm", "--format", "json")  # fmt: skip
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["adjust"] == "holm"
+    tests = {g: result["groups"][g]["lengths"]["8"]["token_accuracy"]["vs_baseline"]
+             for g in ("alibi", "rope")}  # fmt: skip
+    raw = [tests["alibi"]["p"], tests["rope"]["p"]]
+    low, high = sorted(raw)
+    want = {raw.index(low): 2 * low, raw.index(high): max(2 * low, min(1.0, high))}
+    for i, g in enumerate(("alibi", "rope")):
+        assert tests[g]["p_adjusted"] == pytest.approx(want[i])
+        assert tests[g]["resolved"] == (tests[g]["p_adjusted"] < 0.05)
+    code, out, _ = run(capsys, "compare", str(tmp_path), "--baseline", "none", "--adjust", "bh",
+                       "--format", "md")  # fmt: skip
+    assert code == 0 and "after Benjamini-Hochberg's adjustment" in out and " bh 0." in out
+
+
+@pytest.mark.parametrize("args", [["--adjust", "holm"], ["--baseline", "none", "--adjust", "fdr"]])
+def test_adjust_without_a_baseline_or_a_known_method_is_one_line(tmp_path, capsys, args):
+    write_runs(tmp_path, {"none": B, "alibi": A})
+    code, out, err = run(capsys, "compare", str(tmp_path), *args)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "--adjust" in err and "holm, bh" in err

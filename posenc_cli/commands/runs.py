@@ -200,6 +200,14 @@ def compare_command(
             help="Count the seeds whose --metric reached this at the longest trained length.",
         ),
     ] = None,
+    adjust: Annotated[
+        str | None,
+        typer.Option(
+            "--adjust",
+            help="--baseline: adjust the p-values for testing every cell at once: holm "
+            "(family-wise) or bh (false discovery rate).",
+        ),
+    ] = None,
 ) -> None:
     """Encodings side by side: mean and 95% confidence interval over seeds at every evaluated
     length; with --baseline, whether each differs from it beyond the spread, the effect size
@@ -210,12 +218,18 @@ def compare_command(
     """
     from posenc_cli.commands.common import check_writable, written
     from posenc_cli.compare import compare, metrics_of
+    from posenc_cli.statistics import ADJUSTMENTS
 
     check_png(out)
     if out is not None:
         check_writable(out.parent, f"--out {out}", "give a path in a folder you can write")
     check_metric_options(metric, fitted_at)
-    result = compare(runs, baseline, fitted_at, metric)
+    if adjust is not None and (adjust not in ADJUSTMENTS or baseline is None):
+        raise UsageError(
+            f"--adjust {adjust!r}: adjusts the tests against a --baseline; give --baseline NAME "
+            f"and one of {', '.join(ADJUSTMENTS)}"
+        )
+    result = compare(runs, baseline, fitted_at, metric, adjust)
     valid = metrics_of(result["kind"])
     metric = metric or valid[0]
     if metric not in valid:
@@ -267,9 +281,15 @@ def show_comparison(result, metric: str, format: CompareFormat) -> None:
 
         console.print(fit_note(result))
     if "baseline" in result:
+        adjusted = ""
+        if "adjust" in result:
+            from posenc_cli.compare import ADJUST_NAMES
+
+            adjusted = f", after {ADJUST_NAMES[result['adjust']]}"
         title = (
             f"{name}, minus {result['baseline']}: Welch's t-test, the paired t-test over the "
-            "seeds both share (* resolved at 5%), Cohen's d, seeds per encoding to resolve it"
+            f"seeds both share (* resolved at 5%{adjusted}), Cohen's d, seeds per encoding to "
+            "resolve it"
         )
         console.print(results_table(result, title, test_rows(result, metric)))
 
