@@ -240,6 +240,11 @@ ADJUST_NAMES = {
 }
 
 
+def adjust_note(result: dict[str, Any]) -> str:
+    """``, after Holm's adjustment ...`` for a table whose tests were adjusted, else nothing."""
+    return f", after {ADJUST_NAMES[result['adjust']]}" if "adjust" in result else ""
+
+
 def adjust_tests(result: dict[str, Any], method: str) -> None:
     """Adjust every metric's tests against the baseline, Welch's and the paired family apart,
     for being made together (16 encodings at 6 lengths are 90 tests: at 5% about 4 resolve by
@@ -400,11 +405,10 @@ def markdown(result: dict[str, Any], metric: str) -> str:
     if "fit" in result:
         lines += ["", fit_note(result)]
     if "baseline" in result:
-        adjust = f", after {ADJUST_NAMES[result['adjust']]}" if "adjust" in result else ""
         lines += [
             "",
             f"Against {result['baseline']} (Welch's t-test, then the paired t-test over "
-            f"shared seeds; * resolved at 5%{adjust}):",
+            f"shared seeds; * resolved at 5%{adjust_note(result)}):",
             "",
         ]
         lines += [head.replace("| encoding |", "| encoding - baseline |", 1), lines[1]]

@@ -21,7 +21,7 @@ from typing import Any
 
 from scipy import stats
 
-from posenc_cli.compare import LOWER_IS_BETTER, compare, metrics_of, summarise
+from posenc_cli.compare import LOWER_IS_BETTER, metrics_of, summarise
 from posenc_cli.errors import UsageError
 from posenc_cli.report.measure import read_study
 
@@ -75,15 +75,14 @@ def rank(paths: list[Path], metric: str | None = None, fitted_at: float | None =
         raise UsageError("rank needs two or more studies (one sweep directory per task)")
     studies, scores = [], {}
     for path in paths:
-        study = read_study(path)
+        study = read_study(path, fitted_at=fitted_at, fit_metric=metric)  # one read per study
         chosen = metric or metrics_of(study.kind)[0]
         if chosen not in metrics_of(study.kind):
             raise UsageError(
                 f"--metric {chosen!r}: {path} holds {study.kind} runs; choose one of "
                 f"{', '.join(metrics_of(study.kind))}"
             )
-        metric = chosen
-        result = compare([path], fitted_at=fitted_at, fit_metric=metric)
+        metric, result = chosen, study.result
         name = path.name if path.name not in (s["name"] for s in studies) else str(path)
         found = {  # by compare's label: rope(base=500) is not rope
             label: score

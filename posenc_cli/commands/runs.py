@@ -281,15 +281,12 @@ def show_comparison(result, metric: str, format: CompareFormat) -> None:
 
         console.print(fit_note(result))
     if "baseline" in result:
-        adjusted = ""
-        if "adjust" in result:
-            from posenc_cli.compare import ADJUST_NAMES
+        from posenc_cli.compare import adjust_note
 
-            adjusted = f", after {ADJUST_NAMES[result['adjust']]}"
         title = (
             f"{name}, minus {result['baseline']}: Welch's t-test, the paired t-test over the "
-            f"seeds both share (* resolved at 5%{adjusted}), Cohen's d, seeds per encoding to "
-            "resolve it"
+            f"seeds both share (* resolved at 5%{adjust_note(result)}), Cohen's d, seeds per "
+            "encoding to resolve it"
         )
         console.print(results_table(result, title, test_rows(result, metric)))
 

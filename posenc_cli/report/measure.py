@@ -75,8 +75,9 @@ def models_running_text(kind: str, task: str) -> bool:
     return task in task_of(kind).language_modelling
 
 
-def read_study(path: Path) -> Study:
-    result = compare([path])
+def read_study(path: Path, **options: Any) -> Study:
+    """A study and its ``compare`` result (``options`` go to ``compare``: fitted_at, ...)."""
+    result = compare([path], **options)
     runs = find_runs([path])
     sample = json.loads((runs[0] / "eval.json").read_text()) if runs else {}
     kind = result["kind"]
