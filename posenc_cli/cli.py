@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from posenc_cli import __version__
-from posenc_cli.commands import library, profile, rank, report, runs
+from posenc_cli.commands import export, library, profile, rank, report, runs
 from posenc_cli.errors import UsageError
 from posenc_cli.interrupts import INTERRUPTED, forget_handled_interrupt
 
@@ -31,6 +31,7 @@ app.command("compare")(runs.compare_command)
 app.command("profile")(profile.profile_command)
 app.command("report")(report.report_command)
 app.command("rank")(rank.rank_command)
+app.command("export")(export.export_command)
 
 
 def show_version(value: bool) -> None:

@@ -16,6 +16,8 @@ from typing import Any
 
 from posenc_cli.errors import UsageError
 from posenc_cli.params import close_match
+from posenc_cli.results_file import Run, is_results_file
+from posenc_cli.results_file import read as read_results_file
 from posenc_cli.runs.directory import DIVERGED
 from posenc_cli.runs.evaluation import natural_key
 from posenc_cli.statistics import ALPHA, MOST_SEEDS, adjusted, ci95, paired, welch
@@ -44,7 +46,8 @@ def run_folders(paths: list[Path]) -> tuple[list[Path], list[Path]]:
             raise UsageError(f"{path}: no such run or sweep directory")
         if not path.is_dir():
             raise UsageError(
-                f"{path}: a file, not a run or sweep directory; give its folder, {path.parent}"
+                f"{path}: a file, not a run or sweep directory (nor a results file `posenc "
+                f"export` wrote); give its folder, {path.parent}"
             )
         here = {name: [path] for name in markers if (path / name).is_file()}
         if not here:  # a sweep: the runs below it
@@ -61,9 +64,26 @@ def run_folders(paths: list[Path]) -> tuple[list[Path], list[Path]]:
     return evaluated, diverged
 
 
-def find_runs(paths: list[Path]) -> list[Path]:
-    """The evaluated run folders below ``paths``."""
-    return run_folders(paths)[0]
+def read_runs(paths: list[Path]) -> tuple[list[Run], list[Run]]:
+    """Every run below ``paths`` as (folder name, record): the evaluated ones and the diverged
+    ones, from run and sweep directories or from results files (``posenc export``)."""
+    evaluated: list[Run] = []
+    diverged: list[Run] = []
+    for path in paths:
+        if is_results_file(path):
+            found, stopped = read_results_file(path)
+        else:
+            folders, dead = run_folders([path])
+            found = [(f.name, read_evaluation(f / "eval.json")) for f in folders]
+            stopped = [(f.name, read_divergence(f / DIVERGED)) for f in dead]
+        evaluated += found
+        diverged += stopped
+    return evaluated, diverged
+
+
+def study_name(path: Path) -> str:
+    """A sweep directory's name, or a results file's without ``.json``."""
+    return path.stem if path.is_file() else path.name
 
 
 def is_number(value: Any) -> bool:
@@ -107,31 +127,34 @@ def read_evaluation(path: Path) -> dict[str, Any]:
     return result
 
 
+def divergence_ok(record: Any) -> bool:
+    return (
+        isinstance(record, dict)
+        and isinstance(record.get("encoding"), str)
+        and isinstance(record.get("seed"), int)
+        and isinstance(record.get("encoding_params", {}), dict)
+    )
+
+
 def read_divergence(path: Path) -> dict[str, Any]:
     """A ``diverged.json`` a sweep wrote; damaged, it is one line naming the file."""
     try:
         record = json.loads(path.read_text())
     except ValueError:
         record = None
-    ok = (
-        isinstance(record, dict)
-        and isinstance(record.get("encoding"), str)
-        and isinstance(record.get("seed"), int)
-        and isinstance(record.get("encoding_params", {}), dict)
-    )
-    if not ok:
+    if not divergence_ok(record):
         raise UsageError(f"{path}: damaged; delete it and train that run again to record it")
     return record
 
 
-def group_label(result: dict[str, Any], run_dir: Path) -> str:
+def group_label(result: dict[str, Any], run_name: str) -> str:
     """The encoding with its parameters, plus any other swept setting named in the run's
     directory (a sweep names runs ``key=value,key=value``); the seed is what varies inside."""
     params = ",".join(f"{k}={v}" for k, v in sorted(result.get("encoding_params", {}).items()))
     label = result["encoding"] + (f"({params})" if params else "")
     swept = [
         part
-        for part in run_dir.name.split(",")
+        for part in run_name.split(",")
         if "=" in part and not part.startswith(("seed=", "encoding."))
     ]
     return " ".join([label, *swept])
@@ -160,14 +183,12 @@ def compare(
     ``fitted_at`` every group gains ``fitted``: its runs whose ``fit_metric`` (the kind's first
     metric by default) reached that value at the longest trained length."""
     by_group: dict[str, list[dict]] = defaultdict(list)
-    evaluated, stopped = run_folders(paths)
-    for run in evaluated:
-        result = read_evaluation(run / "eval.json")
-        by_group[group_label(result, run)].append(result)
+    evaluated, stopped = read_runs(paths)
+    for name, result in evaluated:
+        by_group[group_label(result, name)].append(result)
     diverged: dict[str, list[int]] = defaultdict(list)
-    for run in stopped:
-        record = read_divergence(run / DIVERGED)
-        label = group_label(record, run)
+    for name, record in stopped:
+        label = group_label(record, name)
         diverged[label].append(record["seed"])
         by_group.setdefault(label, [])
     groups: dict[str, dict] = {}

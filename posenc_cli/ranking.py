@@ -21,7 +21,7 @@ from typing import Any
 
 from scipy import stats
 
-from posenc_cli.compare import LOWER_IS_BETTER, metrics_of, summarise
+from posenc_cli.compare import LOWER_IS_BETTER, metrics_of, study_name, summarise
 from posenc_cli.errors import UsageError
 from posenc_cli.report.measure import read_study
 
@@ -83,7 +83,8 @@ def rank(paths: list[Path], metric: str | None = None, fitted_at: float | None =
                 f"{', '.join(metrics_of(study.kind))}"
             )
         metric, result = chosen, study.result
-        name = path.name if path.name not in (s["name"] for s in studies) else str(path)
+        short_name = study_name(path)
+        name = short_name if short_name not in (s["name"] for s in studies) else str(path)
         found = {  # by compare's label: rope(base=500) is not rope
             label: score
             for label, group in result["groups"].items()

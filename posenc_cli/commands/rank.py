@@ -20,7 +20,10 @@ from posenc_cli.commands.common import (
 
 
 def rank_command(
-    runs: Annotated[list[Path], typer.Argument(help="Sweep directories, one task each.")],
+    runs: Annotated[
+        list[Path],
+        typer.Argument(help="Sweep directories or results files (posenc export), one task each."),
+    ],
     metric: Annotated[
         str | None,
         typer.Option("--metric", help="The metric to rank by (default: the task's first)."),

@@ -12,7 +12,10 @@ from posenc_cli.commands.common import CompareFormat, check_writable, console, w
 
 
 def report_command(
-    runs: Annotated[list[Path], typer.Argument(help="Run or sweep directories, one study each.")],
+    runs: Annotated[
+        list[Path],
+        typer.Argument(help="Run or sweep directories or results files (posenc export), one each."),
+    ],
     profile: Annotated[
         Path | None,
         typer.Option("--profile", help="profile.json from `posenc profile --out DIR`."),

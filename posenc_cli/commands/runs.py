@@ -174,7 +174,10 @@ def show_evaluation(evaluated, format: Format) -> None:
 
 
 def compare_command(
-    runs: Annotated[list[Path], typer.Argument(help="Run or sweep directories.")],
+    runs: Annotated[
+        list[Path],
+        typer.Argument(help="Run or sweep directories, or results files (posenc export)."),
+    ],
     metric: Annotated[
         str | None,
         typer.Option(

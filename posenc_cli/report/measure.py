@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from posenc_cli.compare import LOWER_IS_BETTER, compare, find_runs, metrics_of
+from posenc_cli.compare import LOWER_IS_BETTER, compare, metrics_of, read_runs, study_name
 from posenc_cli.encodings import ENCODINGS, encoding_class
 from posenc_cli.errors import UsageError
 from posenc_cli.report import article
@@ -54,7 +54,7 @@ class Study:
 
     @property
     def name(self) -> str:
-        return self.path.name
+        return study_name(self.path)
 
     @property
     def lower_is_better(self) -> bool:
@@ -78,8 +78,8 @@ def models_running_text(kind: str, task: str) -> bool:
 def read_study(path: Path, **options: Any) -> Study:
     """A study and its ``compare`` result (``options`` go to ``compare``: fitted_at, ...)."""
     result = compare([path], **options)
-    runs = find_runs([path])
-    sample = json.loads((runs[0] / "eval.json").read_text()) if runs else {}
+    evaluated, _ = read_runs([path])
+    sample = evaluated[0][1] if evaluated else {}
     kind = result["kind"]
     task = sample.get("task") or sample.get("dataset") or kind
     metric = "perplexity" if models_running_text(kind, task) else metrics_of(kind)[0]

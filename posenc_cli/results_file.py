@@ -1,0 +1,94 @@
+"""A sweep's results in one small JSON file: every run's evaluation (and its training summary),
+without checkpoints or curves, so that results outlive the run directories.
+
+``posenc export`` writes it; ``compare``, ``rank`` and ``report`` read it wherever they read a
+sweep directory, and give the same tables. A results file is what a project commits beside its
+README: the tables can be checked and regrouped later, and a study of six tasks can be gathered
+over several machines or sessions.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from posenc_cli.errors import UsageError
+
+SCHEMA = "posenc.results/1"
+SUMMARY = "summary.json"
+
+Run = tuple[str, dict[str, Any]]  # a run's folder name and its evaluation or divergence record
+
+
+def is_results_file(path: Path) -> bool:
+    """A JSON file whose schema says ``posenc export`` wrote it (read just far enough)."""
+    if not path.is_file() or path.suffix != ".json":
+        return False
+    try:
+        doc = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(doc, dict) and doc.get("schema") == SCHEMA
+
+
+def optional_json(path: Path) -> dict[str, Any] | None:
+    """A run's summary: kept where it reads, left out (not fatal) where it does not."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def export(paths: list[Path]) -> dict[str, Any]:
+    """The results file's content for the runs below ``paths`` (each run read and checked as
+    ``compare`` reads it, so a damaged run is refused here, not found later)."""
+    from posenc_cli.compare import DIVERGED, read_divergence, read_evaluation, run_folders
+
+    evaluated, diverged = run_folders(paths)
+    runs = []
+    for folder in evaluated:
+        entry = {"name": folder.name, "evaluation": read_evaluation(folder / "eval.json")}
+        summary = optional_json(folder / SUMMARY)
+        if summary is not None:
+            entry["summary"] = summary  # steps trained, wall time: what a README quotes
+        runs.append(entry)
+    stopped = [
+        {"name": folder.name, "record": read_divergence(folder / DIVERGED)} for folder in diverged
+    ]
+    return {
+        "schema": SCHEMA,
+        "sources": [str(p) for p in paths],
+        "runs": runs,
+        "diverged": stopped,
+    }
+
+
+def read(path: Path) -> tuple[list[Run], list[Run]]:
+    """The evaluated and the diverged runs of a results file, each checked as in a run folder;
+    a damaged file is one line with the fix."""
+    from posenc_cli.compare import divergence_ok, well_formed
+
+    fix = "write it again with `posenc export SWEEP --out FILE.json`"
+    try:
+        doc = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError):
+        raise UsageError(f"{path}: damaged (not valid JSON, e.g. cut short); {fix}") from None
+    runs, stopped = doc.get("runs"), doc.get("diverged", [])
+    shape_ok = (
+        doc.get("schema") == SCHEMA
+        and isinstance(runs, list)
+        and isinstance(stopped, list)
+        and all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in runs + stopped)
+        and all(well_formed(e.get("evaluation")) for e in runs)
+        and all(divergence_ok(e.get("record")) for e in stopped)
+    )
+    if not shape_ok:
+        raise UsageError(f"{path}: damaged (not a results file posenc writes); {fix}")
+    if not runs and not stopped:
+        raise UsageError(f"{path}: holds no run; {fix} from a sweep that has finished runs")
+    return (
+        [(e["name"], e["evaluation"]) for e in runs],
+        [(e["name"], e["record"]) for e in stopped],
+    )
