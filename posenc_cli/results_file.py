@@ -42,11 +42,36 @@ def optional_json(path: Path) -> dict[str, Any] | None:
 
 
 def export(paths: list[Path]) -> dict[str, Any]:
-    """The results file's content for the runs below ``paths`` (each run read and checked as
-    ``compare`` reads it, so a damaged run is refused here, not found later)."""
+    """The results file's content for the runs below ``paths``: sweep or run directories (each
+    run read and checked as ``compare`` reads it, so a damaged run is refused here, not found
+    later) and earlier results files, merged; a sweep run in parts over several sessions becomes
+    one file. A run named twice is refused: one of the two would be silently dropped."""
+    runs: list[dict[str, Any]] = []
+    stopped: list[dict[str, Any]] = []
+    seen: dict[str, Path] = {}
+    for path in paths:
+        found, dead = entries(path)
+        for entry in found + dead:
+            if entry["name"] in seen:
+                raise UsageError(
+                    f"{entry['name']}: in both {seen[entry['name']]} and {path}; export each run "
+                    "once (leave one of them out)"
+                )
+            seen[entry["name"]] = path
+        runs += found
+        stopped += dead
+    return {"schema": SCHEMA, "sources": [str(p) for p in paths], "runs": runs, "diverged": stopped}
+
+
+def entries(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A directory's or an earlier results file's runs and diverged runs, as the file holds them."""
     from posenc_cli.compare import DIVERGED, read_divergence, read_evaluation, run_folders
 
-    evaluated, diverged = run_folders(paths)
+    if is_results_file(path):
+        read(path)  # checked whole before anything of it is copied
+        doc = json.loads(path.read_text())
+        return doc["runs"], doc.get("diverged", [])
+    evaluated, diverged = run_folders([path])
     runs = []
     for folder in evaluated:
         entry = {"name": folder.name, "evaluation": read_evaluation(folder / "eval.json")}
@@ -57,12 +82,7 @@ def export(paths: list[Path]) -> dict[str, Any]:
     stopped = [
         {"name": folder.name, "record": read_divergence(folder / DIVERGED)} for folder in diverged
     ]
-    return {
-        "schema": SCHEMA,
-        "sources": [str(p) for p in paths],
-        "runs": runs,
-        "diverged": stopped,
-    }
+    return runs, stopped
 
 
 def read(path: Path) -> tuple[list[Run], list[Run]]:

@@ -26,8 +26,10 @@ def sweep(tmp_path):
     return root
 
 
-def export(capsys, source, out) -> None:
-    code, stdout, err = run(capsys, "export", str(source), "--out", str(out))
+def export(capsys, *paths) -> None:
+    """``posenc export SOURCES... --out LAST``."""
+    *sources, out = paths
+    code, stdout, err = run(capsys, "export", *map(str, sources), "--out", str(out))
     assert code == 0, err
     assert f"wrote {out}" in stdout.replace("\n", "")
 
@@ -134,3 +136,19 @@ def test_bad_export_arguments_are_one_line(sweep, tmp_path, capsys):
     code, _, err = run(capsys, "export", str(tmp_path / "empty"), "--out", out)
     assert_one_line(code, err, "holds no evaluated run")
     assert not (tmp_path / "a.json").exists()
+
+
+def test_a_sweep_run_in_parts_merges_into_one_file(sweep, tmp_path, capsys):
+    first, rest = tmp_path / "first", tmp_path / "rest"
+    for folder in sorted(sweep.iterdir()):  # rope's runs in a second session, say
+        target = rest if "rope" in folder.name else first
+        target.mkdir(exist_ok=True)
+        folder.rename(target / folder.name)
+    export(capsys, first, tmp_path / "first.json")
+    export(capsys, tmp_path / "first.json", rest, tmp_path / "all.json")
+    merged = json.loads(output(capsys, "compare", str(tmp_path / "all.json"), "--format", "json"))
+    whole = json.loads(output(capsys, "compare", str(first), str(rest), "--format", "json"))
+    assert merged == whole and set(merged["groups"]) == {"alibi", "none", "rope", "xl"}
+    code, _, err = run(capsys, "export", str(tmp_path / "all.json"), str(rest), "--out",
+                       str(tmp_path / "twice.json"))  # fmt: skip
+    assert_one_line(code, err, "encoding.name=rope,seed=0", "export each run once")
