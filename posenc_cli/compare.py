@@ -16,7 +16,6 @@ from typing import Any
 
 from posenc_cli.errors import UsageError
 from posenc_cli.params import close_match
-from posenc_cli.results_file import Run, is_results_file
 from posenc_cli.results_file import read as read_results_file
 from posenc_cli.runs.directory import DIVERGED
 from posenc_cli.runs.evaluation import natural_key
@@ -24,6 +23,8 @@ from posenc_cli.statistics import ALPHA, MOST_SEEDS, adjusted, ci95, paired, wel
 from posenc_cli.tasks import DEFAULT_KIND, TASKS, task_of
 
 LOWER_IS_BETTER = {"loss", "perplexity"}
+
+Run = tuple[str, dict[str, Any]]  # a run's folder name and its evaluation or divergence record
 
 
 def metrics_of(kind: str) -> tuple[str, ...]:
@@ -70,8 +71,10 @@ def read_runs(paths: list[Path]) -> tuple[list[Run], list[Run]]:
     evaluated: list[Run] = []
     diverged: list[Run] = []
     for path in paths:
-        if is_results_file(path):
-            found, stopped = read_results_file(path)
+        from_file = read_results_file(path)
+        if from_file is not None:
+            found = [(e["name"], e["evaluation"]) for e in from_file[0]]
+            stopped = [(e["name"], e["record"]) for e in from_file[1]]
         else:
             folders, dead = run_folders([path])
             found = [(f.name, read_evaluation(f / "eval.json")) for f in folders]

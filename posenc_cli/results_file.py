@@ -18,18 +18,37 @@ from posenc_cli.errors import UsageError
 SCHEMA = "posenc.results/1"
 SUMMARY = "summary.json"
 
-Run = tuple[str, dict[str, Any]]  # a run's folder name and its evaluation or divergence record
+Entries = list[dict[str, Any]]  # as the file holds them: {"name", "evaluation" | "record", ...}
 
 
-def is_results_file(path: Path) -> bool:
-    """A JSON file whose schema says ``posenc export`` wrote it (read just far enough)."""
+def read(path: Path) -> tuple[Entries, Entries] | None:
+    """A results file's runs and diverged runs, each checked as in a run folder; None where
+    ``path`` is not a results file (its schema does not say ``posenc export`` wrote it). One
+    that says so but is damaged is one line with the fix."""
+    from posenc_cli.compare import divergence_ok, well_formed
+
     if not path.is_file() or path.suffix != ".json":
-        return False
+        return None
     try:
         doc = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError):
-        return False
-    return isinstance(doc, dict) and doc.get("schema") == SCHEMA
+    except ValueError:  # not JSON: nothing says it was meant as a results file
+        return None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        return None
+    fix = "write it again with `posenc export SWEEP --out FILE.json`"
+    runs, stopped = doc.get("runs"), doc.get("diverged", [])
+    shape_ok = (
+        isinstance(runs, list)
+        and isinstance(stopped, list)
+        and all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in runs + stopped)
+        and all(well_formed(e.get("evaluation")) for e in runs)
+        and all(divergence_ok(e.get("record")) for e in stopped)
+    )
+    if not shape_ok:
+        raise UsageError(f"{path}: damaged (not a results file posenc writes); {fix}")
+    if not runs and not stopped:
+        raise UsageError(f"{path}: holds no run; {fix} from a sweep that has finished runs")
+    return runs, stopped
 
 
 def optional_json(path: Path) -> dict[str, Any] | None:
@@ -46,8 +65,8 @@ def export(paths: list[Path]) -> dict[str, Any]:
     run read and checked as ``compare`` reads it, so a damaged run is refused here, not found
     later) and earlier results files, merged; a sweep run in parts over several sessions becomes
     one file. A run named twice is refused: one of the two would be silently dropped."""
-    runs: list[dict[str, Any]] = []
-    stopped: list[dict[str, Any]] = []
+    runs: Entries = []
+    stopped: Entries = []
     seen: dict[str, Path] = {}
     for path in paths:
         found, dead = entries(path)
@@ -63,14 +82,13 @@ def export(paths: list[Path]) -> dict[str, Any]:
     return {"schema": SCHEMA, "sources": [str(p) for p in paths], "runs": runs, "diverged": stopped}
 
 
-def entries(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def entries(path: Path) -> tuple[Entries, Entries]:
     """A directory's or an earlier results file's runs and diverged runs, as the file holds them."""
     from posenc_cli.compare import DIVERGED, read_divergence, read_evaluation, run_folders
 
-    if is_results_file(path):
-        read(path)  # checked whole before anything of it is copied
-        doc = json.loads(path.read_text())
-        return doc["runs"], doc.get("diverged", [])
+    earlier = read(path)  # checked whole before anything of it is copied
+    if earlier is not None:
+        return earlier
     evaluated, diverged = run_folders([path])
     runs = []
     for folder in evaluated:
@@ -83,32 +101,3 @@ def entries(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         {"name": folder.name, "record": read_divergence(folder / DIVERGED)} for folder in diverged
     ]
     return runs, stopped
-
-
-def read(path: Path) -> tuple[list[Run], list[Run]]:
-    """The evaluated and the diverged runs of a results file, each checked as in a run folder;
-    a damaged file is one line with the fix."""
-    from posenc_cli.compare import divergence_ok, well_formed
-
-    fix = "write it again with `posenc export SWEEP --out FILE.json`"
-    try:
-        doc = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError):
-        raise UsageError(f"{path}: damaged (not valid JSON, e.g. cut short); {fix}") from None
-    runs, stopped = doc.get("runs"), doc.get("diverged", [])
-    shape_ok = (
-        doc.get("schema") == SCHEMA
-        and isinstance(runs, list)
-        and isinstance(stopped, list)
-        and all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in runs + stopped)
-        and all(well_formed(e.get("evaluation")) for e in runs)
-        and all(divergence_ok(e.get("record")) for e in stopped)
-    )
-    if not shape_ok:
-        raise UsageError(f"{path}: damaged (not a results file posenc writes); {fix}")
-    if not runs and not stopped:
-        raise UsageError(f"{path}: holds no run; {fix} from a sweep that has finished runs")
-    return (
-        [(e["name"], e["evaluation"]) for e in runs],
-        [(e["name"], e["record"]) for e in stopped],
-    )
