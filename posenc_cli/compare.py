@@ -180,13 +180,15 @@ def compare(
     fitted_at: float | None = None,
     fit_metric: str | None = None,
     adjust: str | None = None,
+    runs: tuple[list[Run], list[Run]] | None = None,
 ) -> dict[str, Any]:
     """``{"groups": {label: {length: {metric: {mean, std, ci95, n, values}}}}, "best": {...}}``;
     with ``baseline`` (a group label) every other group's cells gain ``vs_baseline``; with
     ``fitted_at`` every group gains ``fitted``: its runs whose ``fit_metric`` (the kind's first
-    metric by default) reached that value at the longest trained length."""
+    metric by default) reached that value at the longest trained length. ``runs`` are
+    ``read_runs(paths)`` where the caller has read them already."""
     by_group: dict[str, list[dict]] = defaultdict(list)
-    evaluated, stopped = read_runs(paths)
+    evaluated, stopped = read_runs(paths) if runs is None else runs
     for name, result in evaluated:
         by_group[group_label(result, name)].append(result)
     diverged: dict[str, list[int]] = defaultdict(list)

@@ -48,14 +48,24 @@ def power(d: float, n: int) -> float:
     The statistic is ``(Z + shift) / S`` with ``S = sqrt(chi2_df / df)``; the power is the
     chance it passes the critical value, integrated over ``S``. scipy's noncentral t answers NaN
     for the large shifts that a few seeds of a clear difference give, the integral does not.
+    The integrand is written with ``math`` rather than scipy's distributions, which cost a
+    hundred times more per call: a study of a hundred cells waited minutes on them.
     """
     df = 2 * n - 2
-    critical = stats.t.ppf(1 - ALPHA / 2, df)
+    critical = float(stats.t.ppf(1 - ALPHA / 2, df))
     shift = abs(d) * math.sqrt(n / 2)
+    root_df = math.sqrt(df)
+    log_norm = (df / 2 - 1) * math.log(2) + math.lgamma(df / 2)  # of the chi density
 
     def passes(s: float) -> float:  # P(|Z + shift| > critical * s), weighted by S's density
-        tail = stats.norm.sf(critical * s - shift) + stats.norm.cdf(-critical * s - shift)
-        return tail * stats.chi.pdf(s * math.sqrt(df), df) * math.sqrt(df)
+        if s <= 0:
+            return 0.0
+        tail = 0.5 * (
+            math.erfc((critical * s - shift) / math.sqrt(2))
+            + math.erfc((critical * s + shift) / math.sqrt(2))
+        )
+        x = s * root_df
+        return tail * math.exp((df - 1) * math.log(x) - x * x / 2 - log_norm) * root_df
 
     value, _ = integrate.quad(passes, 0, math.inf, limit=200)
     return min(1.0, value)
@@ -68,16 +78,19 @@ def seeds_needed(d: float | None) -> int | None:
         return None
     if math.isinf(d):
         return 2
-    if power(d, MOST_SEEDS) < POWER:
-        return None
-    low, high = 1, MOST_SEEDS  # power grows with n: bisect for the first n that reaches POWER
-    while high - low > 1:
-        middle = (low + high) // 2
-        if power(d, middle) >= POWER:
-            high = middle
-        else:
-            low = middle
-    return high
+    # The z-test's count is a close first guess; power grows with n, so walk from it to the
+    # first n that reaches POWER (a step or two, against ten for a bisection of 1..MOST_SEEDS).
+    z = stats.norm.ppf(1 - ALPHA / 2) + stats.norm.ppf(POWER)
+    n = min(MOST_SEEDS, max(2, math.ceil(2 * (z / abs(d)) ** 2)))
+    if power(d, n) >= POWER:
+        while n > 2 and power(d, n - 1) >= POWER:
+            n -= 1
+        return n
+    while n < MOST_SEEDS:
+        n += 1
+        if power(d, n) >= POWER:
+            return n
+    return None
 
 
 def welch(a: list[float], b: list[float]) -> dict[str, float | int | bool | None]:

@@ -49,6 +49,21 @@ def test_seeds_needed_match_cohens_power_table():
     assert seeds_needed(0.0) is None and seeds_needed(1e-4) is None  # past any budget
 
 
+def test_seeds_needed_is_the_first_count_that_reaches_the_power():
+    # the walk from the z-test's guess against a scan of every count, with scipy's noncentral t
+    # (defined for these moderate shifts) as the power
+    critical = stats.t.ppf
+    for d in (2.5, 1.3, 0.7, 0.35):
+        first = next(
+            n
+            for n in range(2, 400)
+            if stats.nct.sf(critical(0.975, 2 * n - 2), 2 * n - 2, d * (n / 2) ** 0.5)
+            + stats.nct.cdf(-critical(0.975, 2 * n - 2), 2 * n - 2, d * (n / 2) ** 0.5)
+            >= 0.8
+        )
+        assert seeds_needed(d) == seeds_needed(-d) == first
+
+
 def test_identical_seeds_have_no_spread_to_test():
     assert cohens_d([1.0, 1.0], [1.0, 1.0]) == 0.0
     test = welch([1.0, 1.0], [0.5, 0.5])

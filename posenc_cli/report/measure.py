@@ -77,8 +77,9 @@ def models_running_text(kind: str, task: str) -> bool:
 
 def read_study(path: Path, **options: Any) -> Study:
     """A study and its ``compare`` result (``options`` go to ``compare``: fitted_at, ...)."""
-    result = compare([path], **options)
-    evaluated, _ = read_runs([path])
+    runs = read_runs([path])
+    result = compare([path], runs=runs, **options)
+    evaluated = runs[0]
     sample = evaluated[0][1] if evaluated else {}
     kind = result["kind"]
     task = sample.get("task") or sample.get("dataset") or kind
