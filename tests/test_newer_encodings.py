@@ -127,6 +127,31 @@ def test_fire_is_its_formula_per_pair(causal, threshold):
     )
 
 
+def test_fire_evaluates_its_mlp_as_the_lines_between_its_knees():
+    """The piecewise form against the MLP itself on inputs that cross every knee, with a unit
+    of weight 0 (no knee) and two units sharing a knee; on a knee itself the values agree (the
+    gradient there is a choice of side, the MLP's relu'(0) = 0 against the piece below)."""
+    enc = build("fire", causal=True)
+    first = enc.mlp[0]
+    with torch.no_grad():
+        first.weight[0, 0], first.bias[0] = 0.0, 0.3  # always on
+        first.weight[1, 0], first.bias[1] = 0.0, -0.3  # always off
+        first.weight[2, 0], first.bias[2] = 2.0, -1.0  # knee at 0.5 ...
+        first.weight[3, 0], first.bias[3] = -4.0, 2.0  # ... shared, facing the other way
+    knees = (-first.bias / first.weight[:, 0])[2:].detach()
+    on_knees = knees.view(2, -1)
+    torch.testing.assert_close(enc.piecewise(on_knees), enc.mlp(on_knees[..., None]).movedim(-1, 0))
+    x = torch.linspace(-3.0037, 2.9963, 301, dtype=torch.float64).view(7, 43).requires_grad_()
+    assert (x.detach()[..., None] - knees).abs().min() > 1e-6  # every input off the knees
+    assert_same_values_and_gradients(
+        enc, lambda: enc.piecewise(x), lambda: enc.mlp(x[..., None]).movedim(-1, 0)
+    )
+    weights = torch.randn(H, *x.shape, dtype=torch.float64)
+    (slope,) = torch.autograd.grad((enc.piecewise(x) * weights).sum(), x)
+    (expected,) = torch.autograd.grad((enc.mlp(x[..., None]).movedim(-1, 0) * weights).sum(), x)
+    torch.testing.assert_close(slope, expected)  # d f / d x, through which L and c learn
+
+
 def test_fire_sees_only_the_distance_and_the_normaliser():
     """Below L two pairs at one distance share a bias wherever they sit; past L the query's
     position enters through psi(max(L, i)) alone."""

@@ -19,7 +19,11 @@ Conventions:
 - Cost: while every query position is at most ``L``, all rows share one normaliser and the bias
   depends on the distance alone; ``f_theta`` then runs once per distinct distance and the
   result is gathered into ``(1, H, Nq, Nk)``. Past ``L`` each row has its own normaliser and
-  ``f_theta`` runs on all ``Nq * Nk`` pairs (a ``(Nq, Nk, hidden)`` intermediate).
+  ``f_theta`` runs on every pair. A ReLU MLP of one input is piecewise linear, with a knee
+  where each hidden unit turns on, so it is evaluated as the line of the piece each input falls
+  in (``piecewise``): one slope and one intercept per head and pair, where the MLP would hold a
+  ``(Nq, Nk, hidden)`` intermediate twice. Values and gradients are the MLP's (both are linear
+  in the parameters on each piece).
 """
 
 from __future__ import annotations
@@ -76,7 +80,25 @@ class Fire(PositionEncoding):
             return per_distance[distance].permute(2, 0, 1).unsqueeze(0)  # (1, H, Nq, Nk)
         scale = self.psi(torch.maximum(rows, threshold))[:, None]  # (Nq, 1)
         ratio = self.psi(distance.to(dtype)) / scale  # (Nq, Nk)
-        return self.mlp(ratio[..., None]).permute(2, 0, 1).unsqueeze(0)
+        return self.piecewise(ratio).unsqueeze(0)
+
+    def piecewise(self, x: Tensor) -> Tensor:
+        """``f_theta(x)`` for every entry of ``x``, ``(H, *x.shape)``, as the line of the piece
+        of ``f_theta`` that holds it. Unit u turns on at ``x = -b_u / w_u``; between two knees
+        the units that are on are fixed, so ``f_theta(x) = slope * x + intercept`` there."""
+        first, second = self.mlp[0], self.mlp[2]
+        w, b = first.weight[:, 0], first.bias  # (hidden,)
+        turning = w != 0  # a unit of weight 0 is on or off everywhere: no knee
+        knees = (-b[turning] / w[turning]).detach().sort().values  # (K,)
+        # one point inside each of the K + 1 pieces tells which units are on there
+        inner = torch.cat([knees[:1] - 1, (knees[1:] + knees[:-1]) / 2, knees[-1:] + 1])
+        if len(knees) == 0:
+            inner = w.new_zeros(1)
+        on = (inner[:, None] * w + b > 0).to(w.dtype)  # (K + 1, hidden)
+        slope = (on * w) @ second.weight.T  # (K + 1, H)
+        intercept = (on * b) @ second.weight.T + second.bias  # (K + 1, H)
+        piece = torch.bucketize(x.detach().contiguous(), knees)  # (...), in 0..K
+        return slope.T[:, piece] * x + intercept.T[:, piece]
 
     def score_mod(self, q: Tensor, q_pos: Tensor, k_pos: Tensor):
         """The same function, one pair at a time, for FlexAttention: the MLP's hidden units are
