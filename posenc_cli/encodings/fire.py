@@ -91,8 +91,9 @@ class Fire(PositionEncoding):
         turning = w != 0  # a unit of weight 0 is on or off everywhere: no knee
         knees = (-b[turning] / w[turning]).detach().sort().values  # (K,)
         # one point inside each of the K + 1 pieces tells which units are on there
-        inner = torch.cat([knees[:1] - 1, (knees[1:] + knees[:-1]) / 2, knees[-1:] + 1])
-        if len(knees) == 0:
+        if len(knees):
+            inner = torch.cat([knees[:1] - 1, (knees[1:] + knees[:-1]) / 2, knees[-1:] + 1])
+        else:
             inner = w.new_zeros(1)
         on = (inner[:, None] * w + b > 0).to(w.dtype)  # (K + 1, hidden)
         slope = (on * w) @ second.weight.T  # (K + 1, H)
