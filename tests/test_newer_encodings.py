@@ -152,6 +152,14 @@ def test_fire_evaluates_its_mlp_as_the_lines_between_its_knees():
     torch.testing.assert_close(slope, expected)  # d f / d x, through which L and c learn
 
 
+def test_fire_without_knees_is_one_line():
+    enc = build("fire", causal=True)
+    with torch.no_grad():
+        enc.mlp[0].weight.zero_()  # every unit on or off everywhere
+    x = torch.linspace(0, 1, 12, dtype=torch.float64).view(3, 4)
+    torch.testing.assert_close(enc.piecewise(x), enc.mlp(x[..., None]).movedim(-1, 0))
+
+
 def test_fire_sees_only_the_distance_and_the_normaliser():
     """Below L two pairs at one distance share a bias wherever they sit; past L the query's
     position enters through psi(max(L, i)) alone."""
