@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from contextlib import nullcontext
 from pathlib import Path
@@ -215,6 +216,7 @@ def run_in_workers(
         pending = {pool.submit(_worker, run, run_dir, resume, threads) for _, run, run_dir in todo}
         folders = {run_dir.name: run_dir for _, _, run_dir in todo}
         diverged = []
+        started = time.monotonic()
         try:
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -224,6 +226,10 @@ def run_in_workers(
                         diverged.append(folders[name])
                         console.print(f"[yellow]{escape(why)}; the sweep goes on[/]")
                     progress.update(bar, advance=1, stats=f"finished {name}")
+                    if not console.is_terminal:  # a log file gets no bar: a line per run
+                        count = int(progress.tasks[0].completed)
+                        took = round(time.monotonic() - started)
+                        console.print(f"{count}/{len(todo)} finished {name} ({took} s in)")
         except BaseException as err:
             for future in pending:
                 future.cancel()

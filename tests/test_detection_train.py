@@ -145,6 +145,7 @@ def test_a_sweep_in_two_processes_finishes_every_run(capsys, tmp_path):
     code, stdout, err = run(capsys, "train", str(path), "--out", str(out), "--jobs", "2")
     assert code == 0, err
     assert "2 runs in 2 processes" in err and "AP" in stdout
+    assert "1/2 finished model.sine=" in err and "2/2 finished model.sine=" in err  # no bar
     assert json.loads((out / "sweep.json").read_text())["runs"] == [
         "model.sine=false",
         "model.sine=true",
