@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from posenc_cli.config import dump_recipe, expand_sweep, load_recipe
@@ -151,7 +152,9 @@ def test_a_sweep_in_two_processes_finishes_every_run(capsys, tmp_path):
         "model.sine=true",
     ]
     for name in ("model.sine=false", "model.sine=true"):
-        assert (out / name / "eval.json").is_file() and (out / name / "summary.json").is_file()
+        assert (out / name / "eval.json").is_file()
+        summary = json.loads((out / name / "summary.json").read_text())
+        assert summary["threads"] == max(1, torch.get_num_threads() // 2)  # each worker's share
     # finished runs are kept on --resume, and a bad --jobs is a one-line error
     code, _, err = run(capsys, "train", str(path), "--out", str(out), "--jobs", "2", "--resume")
     assert code == 0 and err.count("finished earlier") == 2

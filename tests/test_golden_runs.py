@@ -1,7 +1,7 @@
 """Numbers that a change of layout must not move: for a fixed seed, a short quickstart sweep, a
 tiny image run and a tiny detection run end with the summary.json and eval.json recorded in
-tests/golden/ (throughput figures aside). ``POSENC_WRITE_GOLDEN=1`` records them anew, for a
-change that is meant to move them; say why in its commit."""
+tests/golden/ (throughput figures and thread count aside). ``POSENC_WRITE_GOLDEN=1`` records
+them anew, for a change that is meant to move them; say why in its commit."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ def recorded(folder: Path) -> dict:
         data = json.loads(summary.read_text())
         data["final"] = {k: v for k, v in data["final"].items() if k not in TIMINGS}
         data.pop("recipe", None)  # where the recipe file was, not what it did
+        assert data.pop("threads") >= 1  # recorded, but the machine's, not the run's
         evaluation = json.loads((run_dir / "eval.json").read_text())
         evaluation.pop("run", None)
         found[run_dir.name] = {"summary": data, "eval": evaluation}

@@ -172,6 +172,8 @@ def test_train_evaluate_compare_through_the_cli(tmp_path, capsys):
     ]
     for name in ("recipe.yaml", "metrics.jsonl", "summary.json", "last.pt", "best.pt", "eval.json"):
         assert (sweep / "encoding.name=rope,seed=1" / name).is_file()
+    summary = json.loads((sweep / "encoding.name=rope,seed=1" / "summary.json").read_text())
+    assert summary["threads"] == torch.get_num_threads()  # in one process, the whole pool
 
     code, out, _ = run(
         capsys,

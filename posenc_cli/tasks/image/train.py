@@ -249,6 +249,7 @@ def train_image(
         "image_size": data.image_size,
         "device": device.type,
         "world_size": world.size,
+        "threads": torch.get_num_threads(),  # it orders float sums: another count, other numbers
         "final": last_metrics(log_path) if world.main else {},
     }
     if world.main:
