@@ -64,6 +64,27 @@ def test_resume_after_ctrl_c_ends_where_the_uninterrupted_run_ends(tmp_path):
     assert steps == [4, 8, 12]  # nothing logged twice, nothing missing
 
 
+def test_resume_under_another_thread_count_says_it_will_not_repeat_the_run(tmp_path, capsys):
+    """The checkpoint records the thread count; resuming under another one (it orders the float
+    sums) warns in one line how to repeat the run, and under the same count says nothing."""
+    threads = torch.get_num_threads()
+    for name in ("other", "same"):
+        with pytest.raises(KeyboardInterrupt):
+            train(tiny(), tmp_path / name, interrupt_at=6)
+    assert torch.load(tmp_path / "other" / "last.pt", weights_only=True)["threads"] == threads
+    capsys.readouterr()
+    torch.set_num_threads(threads + 1)
+    try:
+        train(tiny(), tmp_path / "other", resume=True)
+    finally:
+        torch.set_num_threads(threads)
+    err = capsys.readouterr().err
+    assert f"saved under {threads} CPU thread(s) and resumes under {threads + 1}" in err
+    assert f"OMP_NUM_THREADS={threads}" in err
+    train(tiny(), tmp_path / "same", resume=True)
+    assert "CPU thread(s)" not in capsys.readouterr().err
+
+
 def test_resume_after_a_kill_continues_from_the_periodic_checkpoint(tmp_path, monkeypatch):
     """A killed process saves nothing on the way out: last.pt is the step-4 checkpoint and
     metrics.jsonl may hold lines written after it. Resuming still ends where the whole run does."""

@@ -41,7 +41,8 @@ def atomic_write_json(path: Path, payload: Any) -> None:
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(state, tmp)
+    # the thread count orders the CPU's float sums: a resume under another count drifts
+    torch.save({**state, "threads": torch.get_num_threads()}, tmp)
     os.replace(tmp, path)
 
 
