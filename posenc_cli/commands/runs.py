@@ -108,6 +108,10 @@ def evaluate_command(
         str | None, typer.Option("--shifts", help="Image runs: translations in px, e.g. 0,4.")
     ] = None,
     out: Annotated[Path | None, typer.Option("--out", help="PNG curve to write.")] = None,
+    misses: Annotated[
+        Path | None,
+        typer.Option("--misses", help="Text runs: write every missed test problem (JSON Lines)."),
+    ] = None,
     format: Annotated[Format, typer.Option("--format", help="table or json")] = Format.table,
 ) -> None:
     """Score a run at the trained length and longer ones, optionally with positions shifted;
@@ -123,7 +127,14 @@ def evaluate_command(
     check_png(out)
     run_dir = run_directory(run_dir)
     task = task_of_run(run_dir)
-    given = {"lengths": lengths, "shift": shift, "sizes": sizes, "shifts": shifts, "out": out}
+    given = {
+        "lengths": lengths,
+        "shift": shift,
+        "sizes": sizes,
+        "shifts": shifts,
+        "out": out,
+        "misses": misses,
+    }
     reject_options(
         {f"--{flag}": value for flag, value in given.items() if flag not in task.evaluate_flags},
         task.evaluate_hint,
@@ -136,6 +147,7 @@ def evaluate_command(
         "sizes": int_list(sizes, "--sizes"),
         "shifts": int_list(shifts, "--shifts", minimum=0),
         "out": out,
+        "misses": misses,
     }
     # results are written last, so find out now, before a long evaluation, that they can be
     check_writable(
@@ -145,6 +157,12 @@ def evaluate_command(
     )
     if out is not None:
         check_writable(out.parent, f"--out {out}", "give a path in a folder you can write")
+    if misses is not None:
+        if misses.is_dir():
+            raise UsageError(
+                f"--misses {misses}: a folder; give a file, e.g. --misses misses.jsonl"
+            )
+        check_writable(misses.parent, f"--misses {misses}", "give a path in a folder you can write")
     with hold(run_dir):  # no training or other evaluation writes it meanwhile
         show_evaluation(task.call("score", run_dir, list(overrides or []), options), format)
 

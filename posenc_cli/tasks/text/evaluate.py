@@ -22,6 +22,7 @@ from posenc_cli.runs.checkpoint import load_run_weights
 from posenc_cli.runs.device import autocast, pick_device
 from posenc_cli.runs.evaluation import Evaluated, recipe_file, save_evaluation
 from posenc_cli.tasks.pictures import curve_picture
+from posenc_cli.tasks.text.misses import check_listable, write_misses
 from posenc_cli.tasks.text.train import evaluate_length
 
 
@@ -59,10 +60,15 @@ def evaluate_run(
     lengths: list[int] | None = None,
     shift: int | None = None,
     write: bool = True,
+    misses: list | None = None,
 ) -> dict[str, Any]:
+    """Score the run at ``lengths`` (the recipe's by default); with ``misses``, every test
+    problem it gets wrong is appended to that list (``misses.py``)."""
     if any(n < 1 for n in lengths or ()) or (shift is not None and shift < 0):
         raise UsageError("--lengths must be positive and --shift >= 0, e.g. --lengths 16,32,64")
     recipe, model, task = load_run(run_dir, overrides)
+    if misses is not None:
+        check_listable(task)
     device = pick_device(recipe.train.device)
     model.to(device)
     lengths = lengths or list(recipe.eval.lengths)
@@ -79,6 +85,7 @@ def evaluate_run(
                 device,
                 offset=shift,
                 span=recipe.model.random_positions,
+                misses=misses,
             )
         except UsageError as err:  # e.g. a learned table shorter than this length
             rows[str(length)] = {"error": str(err)}
@@ -100,8 +107,16 @@ def evaluate_run(
 
 
 def score(run_dir: Path, overrides: list[str], options: dict[str, Any]) -> Evaluated:
-    """`posenc evaluate` of a text run: ``options`` lengths, shift and out (a curve)."""
-    result = evaluate_run(run_dir, overrides, options["lengths"], options["shift"], write=False)
+    """`posenc evaluate` of a text run: ``options`` lengths, shift, out (a curve) and misses
+    (a JSON Lines file of the problems it got wrong)."""
+    records = None if options.get("misses") is None else []
+    result = evaluate_run(
+        run_dir, overrides, options["lengths"], options["shift"], write=False, misses=records
+    )
+    note = None
+    if records is not None:
+        write_misses(options["misses"], records)
+        note = f"{len(records)} missed problem(s) written to {options['misses']}"
     rows = []
     for n, r in result["lengths"].items():
         if "error" in r:
@@ -124,4 +139,5 @@ def score(run_dir: Path, overrides: list[str], options: dict[str, Any]) -> Evalu
             (options["out"], curve_picture(result, "token_accuracy", curve, (low, high)))
         )
     columns = ["length", "loss", "perplexity", "token accuracy", "exact match"]
-    return Evaluated(result, run_dir / eval_name(result["shift"]), title, columns, rows, pictures)
+    saved_to = run_dir / eval_name(result["shift"])
+    return Evaluated(result, saved_to, title, columns, rows, pictures, note)

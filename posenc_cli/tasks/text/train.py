@@ -33,6 +33,7 @@ from posenc_cli.runs.loop import TrainingHooks, no_score_yet, train_loop
 from posenc_cli.runs.resume import resume_from
 from posenc_cli.runs.schedule import warmup_cosine
 from posenc_cli.tasks.run_start import start_run
+from posenc_cli.tasks.text.misses import missed
 
 EVAL_SEED = 20_000_000  # evaluation batches are the same for every run and every encoding
 
@@ -73,9 +74,11 @@ def evaluate_length(
     device,
     offset: int = 0,
     span: int = 0,
+    misses: list | None = None,
 ) -> dict[str, float]:
     """Mean metrics over ``batches`` fixed test batches of problem size ``length``; with
-    ``span``, positions drawn by training's rule (after the batch, from its generator)."""
+    ``span``, positions drawn by training's rule (after the batch, from its generator); with
+    ``misses``, every problem not answered exactly is appended to it."""
     model.eval()
     tally = Tally()
     for i in range(batches):
@@ -86,6 +89,8 @@ def evaluate_length(
         with autocast(device):
             out = model(batch.tokens.to(device), key_mask=mask, offset=offset, positions=positions)
         tally.add(out.logits, batch.targets.to(device))
+        if misses is not None:
+            misses.extend(missed(task, length, i, batch.tokens, batch.targets, out.logits))
     model.train()
     return tally.summary()
 
