@@ -39,6 +39,14 @@ class Score:
         return self.exact / self.sequences if self.sequences else float("nan")
 
 
+def exact_rows(predictions: Tensor, targets: Tensor) -> Tensor:
+    """``(B,)`` for ``(B, T)`` inputs: True where a row has scored positions and predicts every
+    one right, the rows exact match counts (``posenc evaluate --misses`` lists the others)."""
+    scored = targets != IGNORE
+    per_row = scored.sum(1)
+    return (((predictions == targets) & scored).sum(1) == per_row) & (per_row > 0)
+
+
 def score(predictions: Tensor, targets: Tensor) -> Score:
     """Counts for one batch; ``predictions`` and ``targets`` are ``(B, T)`` or ``(B,)``."""
     if predictions.shape != targets.shape:
@@ -54,6 +62,6 @@ def score(predictions: Tensor, targets: Tensor) -> Score:
     return Score(
         correct=int(right.sum()),
         scored=int(per_row.sum()),
-        exact=int(((right.sum(1) == per_row) & has_any).sum()),
+        exact=int(exact_rows(predictions, targets).sum()),
         sequences=int(has_any.sum()),
     )

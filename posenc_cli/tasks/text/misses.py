@@ -17,6 +17,7 @@ import torch
 
 from posenc_cli.data.algorithmic import BOS, EOS, PAD, PLUS, SEP
 from posenc_cli.data.batch import IGNORE
+from posenc_cli.data.scoring import exact_rows
 from posenc_cli.errors import UsageError
 from posenc_cli.runs.checkpoint import atomic_write_text
 
@@ -40,10 +41,10 @@ def missed(task: Any, length: int, batch: int, tokens, targets, logits) -> list[
     """The rows of one test batch whose answer is not right at every position, decoded."""
     predicted = logits.argmax(-1).cpu()
     scored = targets != IGNORE
-    right = ((predicted == targets) | ~scored).all(-1)
+    wrong = scored.any(1) & ~exact_rows(predicted, targets)  # what exact match counts against
     inputs = task.layout(length).input
     records = []
-    for row in torch.nonzero(~right).flatten().tolist():
+    for row in torch.nonzero(wrong).flatten().tolist():
         where = scored[row]
         records.append(
             {
