@@ -89,6 +89,37 @@ def study_name(path: Path) -> str:
     return path.stem if path.is_file() else path.name
 
 
+def read_studies(paths: list[Path]) -> list[tuple[str, tuple[list[Run], list[Run]]]]:
+    """Each path's runs under its study name, so that two sweeps of the same encodings (copy
+    and copy with randomized positions, say) stay apart."""
+    return [(study_name(path), read_runs([path])) for path in paths]
+
+
+def studies_overlap(studies: list[tuple[str, tuple[list[Run], list[Run]]]]) -> bool:
+    """Whether one setting and seed was run in more than one study: then a group is a setting
+    within a study, ``rope [copy-randomized]``, not the runs of both pooled."""
+    owners: dict[tuple[str, int], str] = {}
+    for study, (evaluated, stopped) in studies:
+        for name, record in [*evaluated, *stopped]:
+            key = (group_label(record, name), record["seed"])
+            if owners.setdefault(key, study) != study:
+                return True
+    return False
+
+
+def refuse_repeated_seeds(by_group: dict[str, list[dict]]) -> None:
+    """A seed counted twice would pose as two samples of one setting."""
+    for label, results in by_group.items():
+        seeds = [r["seed"] for r in results]
+        repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+        if repeated:
+            raise UsageError(
+                f"{label}: seed {repeated[0]} appears {seeds.count(repeated[0])} times among "
+                "these runs (the same study given twice, or two sweeps below one folder?); "
+                "give each sweep once, as its own argument"
+            )
+
+
 def is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
@@ -188,14 +219,21 @@ def compare(
     metric by default) reached that value at the longest trained length. ``runs`` are
     ``read_runs(paths)`` where the caller has read them already."""
     by_group: dict[str, list[dict]] = defaultdict(list)
-    evaluated, stopped = read_runs(paths) if runs is None else runs
-    for name, result in evaluated:
-        by_group[group_label(result, name)].append(result)
     diverged: dict[str, list[int]] = defaultdict(list)
-    for name, record in stopped:
-        label = group_label(record, name)
-        diverged[label].append(record["seed"])
-        by_group.setdefault(label, [])
+    study_of: dict[str, str] = {}
+    studies = read_studies(paths) if runs is None else [("", runs)]
+    qualify = studies_overlap(studies)
+    for study, (evaluated, stopped) in studies:
+        suffix = f" [{study}]" if qualify else ""
+        for name, result in evaluated:
+            by_group[group_label(result, name) + suffix].append(result)
+        for name, record in stopped:
+            label = group_label(record, name) + suffix
+            diverged[label].append(record["seed"])
+            by_group.setdefault(label, [])
+        if qualify:
+            study_of.update({label: study for label in by_group if label.endswith(suffix)})
+    refuse_repeated_seeds(by_group)
     groups: dict[str, dict] = {}
     lengths: set[str] = set()
     kinds = {r.get("kind", DEFAULT_KIND) for results in by_group.values() for r in results}
@@ -232,6 +270,8 @@ def compare(
             "lengths": table,
             "diverged": sorted(diverged.get(label, [])),  # seeds whose loss became NaN
         }
+        if label in study_of:
+            groups[label]["study"] = study_of[label]
         if fit is not None:
             groups[label]["fitted"] = fitted_runs(results, *fit)
     ordered = sorted(lengths, key=natural_key)
@@ -320,20 +360,39 @@ def seeds_cell(group: dict[str, Any]) -> str:
     return f"{text} ({', '.join(notes)})" if notes else text
 
 
+def baselines(groups: dict[str, dict], baseline: str) -> dict[str, str]:
+    """Each tested group's baseline: the group ``baseline`` names, or, where it names a study,
+    the same setting in that study (``rope [copy-randomized]`` against ``rope [copy]``)."""
+    if baseline in groups:
+        return {label: baseline for label in groups if label != baseline}
+    studies = {g["study"] for g in groups.values() if "study" in g}
+    if baseline in studies:
+        return {
+            label: label.removesuffix(f" [{g['study']}]") + f" [{baseline}]"
+            for label, g in groups.items()
+            if g.get("study") not in (None, baseline)
+            and label.removesuffix(f" [{g['study']}]") + f" [{baseline}]" in groups
+        }
+    choices = [*groups, *sorted(studies)]
+    raise UsageError(
+        f"--baseline {baseline!r}: no such encoding among these runs"
+        f"{close_match(baseline, choices)}; choose one of {', '.join(choices)}"
+    )
+
+
+def baseline_name(result: dict[str, Any]) -> str:
+    """How tables name what was tested against."""
+    base = result["baseline"]
+    return base if base in result["groups"] else f"the same encoding in {base}"
+
+
 def test_against(result: dict[str, Any], baseline: str) -> None:
-    """Welch's test of every group against ``baseline`` in every cell both have."""
+    """Welch's test of every group against its baseline in every cell both have."""
     groups = result["groups"]
-    if baseline not in groups:
-        hint = close_match(baseline, groups)
-        raise UsageError(
-            f"--baseline {baseline!r}: no such encoding among these runs{hint}; "
-            f"choose one of {', '.join(groups)}"
-        )
+    result["against"] = baselines(groups, baseline)
     result["baseline"] = baseline
-    base = groups[baseline]["lengths"]
-    for label, g in groups.items():
-        if label == baseline:
-            continue
+    for label, base_label in result["against"].items():
+        g, base = groups[label], groups[base_label]["lengths"]
         for length, cells in g["lengths"].items():
             for metric, stats in cells.items():
                 other = base.get(length, {}).get(metric)
@@ -396,7 +455,7 @@ def test_rows(result: dict[str, Any], metric: str) -> list[list[str]]:
         [label, seeds_cell(g), *(test_cell(g["lengths"].get(n, {"error": ""}), metric)
                                         for n in result["lengths"])]
         for label, g in result["groups"].items()
-        if label != result["baseline"]
+        if label in result["against"]
     ]  # fmt: skip
 
 
@@ -433,7 +492,7 @@ def markdown(result: dict[str, Any], metric: str) -> str:
     if "baseline" in result:
         lines += [
             "",
-            f"Against {result['baseline']} (Welch's t-test, then the paired t-test over "
+            f"Against {baseline_name(result)} (Welch's t-test, then the paired t-test over "
             f"shared seeds; * resolved at 5%{adjust_note(result)}):",
             "",
         ]

@@ -211,7 +211,9 @@ def compare_command(
     baseline: Annotated[
         str | None,
         typer.Option(
-            "--baseline", help="Test every encoding against this one (Welch's t-test over seeds)."
+            "--baseline",
+            help="Test every encoding against this one (Welch's t-test over seeds); or, where "
+            "the runs are studies of the same encodings, against itself in the study named.",
         ),
     ] = None,
     fitted_at: Annotated[
@@ -283,7 +285,7 @@ def compare_command(
 
 
 def show_comparison(result, metric: str, format: CompareFormat) -> None:
-    from posenc_cli.compare import markdown, rows, test_rows
+    from posenc_cli.compare import baseline_name, markdown, rows, test_rows
 
     if format is CompareFormat.json:
         print(json.dumps(result))
@@ -292,7 +294,9 @@ def show_comparison(result, metric: str, format: CompareFormat) -> None:
         print(markdown(result, metric))
         return
     name = metric.replace("_", " ")
-    marks = f"; ▲ ▼ better or worse than {result['baseline']} at 5%" if "baseline" in result else ""
+    marks = (
+        f"; ▲ ▼ better or worse than {baseline_name(result)} at 5%" if "baseline" in result else ""
+    )
     title = f"{name}: mean ± 95% CI over seeds (best in bold{marks})"
     console.print(
         results_table(result, title, rows(result, metric, lambda t: f"[bold green]{t}[/]"))
@@ -305,7 +309,7 @@ def show_comparison(result, metric: str, format: CompareFormat) -> None:
         from posenc_cli.compare import adjust_note
 
         title = (
-            f"{name}, minus {result['baseline']}: Welch's t-test, the paired t-test over the "
+            f"{name}, minus {baseline_name(result)}: Welch's t-test, the paired t-test over the "
             f"seeds both share (* resolved at 5%{adjust_note(result)}), Cohen's d, seeds per "
             "encoding to resolve it"
         )
