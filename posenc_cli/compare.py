@@ -226,13 +226,14 @@ def compare(
     for study, (evaluated, stopped) in studies:
         suffix = f" [{study}]" if qualify else ""
         for name, result in evaluated:
-            by_group[group_label(result, name) + suffix].append(result)
+            label = group_label(result, name) + suffix
+            by_group[label].append(result)
+            study_of[label] = study
         for name, record in stopped:
             label = group_label(record, name) + suffix
             diverged[label].append(record["seed"])
             by_group.setdefault(label, [])
-        if qualify:
-            study_of.update({label: study for label in by_group if label.endswith(suffix)})
+            study_of[label] = study
     refuse_repeated_seeds(by_group)
     groups: dict[str, dict] = {}
     lengths: set[str] = set()
@@ -270,7 +271,7 @@ def compare(
             "lengths": table,
             "diverged": sorted(diverged.get(label, [])),  # seeds whose loss became NaN
         }
-        if label in study_of:
+        if qualify:
             groups[label]["study"] = study_of[label]
         if fit is not None:
             groups[label]["fitted"] = fitted_runs(results, *fit)
@@ -367,12 +368,12 @@ def baselines(groups: dict[str, dict], baseline: str) -> dict[str, str]:
         return {label: baseline for label in groups if label != baseline}
     studies = {g["study"] for g in groups.values() if "study" in g}
     if baseline in studies:
-        return {
+        twins = {
             label: label.removesuffix(f" [{g['study']}]") + f" [{baseline}]"
             for label, g in groups.items()
             if g.get("study") not in (None, baseline)
-            and label.removesuffix(f" [{g['study']}]") + f" [{baseline}]" in groups
         }
+        return {label: twin for label, twin in twins.items() if twin in groups}
     choices = [*groups, *sorted(studies)]
     raise UsageError(
         f"--baseline {baseline!r}: no such encoding among these runs"
