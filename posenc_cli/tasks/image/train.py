@@ -25,13 +25,13 @@ from torch.utils.data import DataLoader
 from posenc_cli.config import Recipe
 from posenc_cli.errors import UsageError
 from posenc_cli.runs.cadence import Cadence
-from posenc_cli.runs.checkpoint import atomic_write_json, save_checkpoint
+from posenc_cli.runs.checkpoint import save_checkpoint
 from posenc_cli.runs.device import autocast
-from posenc_cli.runs.directory import last_metrics
 from posenc_cli.runs.epochs import epoch_hooks, epoch_loader, optimize
 from posenc_cli.runs.loop import no_score_yet, train_loop
 from posenc_cli.runs.resume import resume_from
 from posenc_cli.runs.schedule import timm_cosine
+from posenc_cli.runs.summary import write_summary
 from posenc_cli.tasks.image.schema import model_overrides
 from posenc_cli.tasks.run_start import start_run
 
@@ -234,24 +234,19 @@ def train_image(
     trained = train_loop(
         hooks, cadence, out, world, start, best, console, cfg.tensorboard, interrupt_at
     )
-    summary = {
-        "recipe": recipe.source,
-        "kind": "image",
-        "encoding": recipe.encoding.name,
-        "encoding_params": recipe.encoding.params,
-        "dataset": recipe.data.dataset,
-        "seed": recipe.seed,
-        "epochs": cfg.epochs,
-        "steps": cadence.total,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "encoding_parameters": model.encoding_parameters(),
-        "best_val_top1": trained.best,
-        "image_size": data.image_size,
-        "device": device.type,
-        "world_size": world.size,
-        "threads": torch.get_num_threads(),  # it orders float sums: another count, other numbers
-        "final": last_metrics(log_path) if world.main else {},
-    }
-    if world.main:
-        atomic_write_json(out / "summary.json", summary)
-    return summary
+    return write_summary(
+        out,
+        recipe,
+        world,
+        device,
+        log_path,
+        kind="image",
+        dataset=recipe.data.dataset,
+        seed=recipe.seed,
+        epochs=cfg.epochs,
+        steps=cadence.total,
+        parameters=sum(p.numel() for p in model.parameters()),
+        encoding_parameters=model.encoding_parameters(),
+        best_val_top1=trained.best,
+        image_size=data.image_size,
+    )

@@ -25,13 +25,14 @@ from posenc_cli.metrics import Tally
 from posenc_cli.models.positions import random_positions
 from posenc_cli.models.text import build_text_model
 from posenc_cli.runs.cadence import Cadence
-from posenc_cli.runs.checkpoint import atomic_write_json, load_checkpoint, save_checkpoint
+from posenc_cli.runs.checkpoint import load_checkpoint, save_checkpoint
 from posenc_cli.runs.device import autocast
-from posenc_cli.runs.directory import append_metrics, last_metrics
+from posenc_cli.runs.directory import append_metrics
 from posenc_cli.runs.epochs import optimize
 from posenc_cli.runs.loop import TrainingHooks, no_score_yet, train_loop
 from posenc_cli.runs.resume import resume_from
 from posenc_cli.runs.schedule import warmup_cosine
+from posenc_cli.runs.summary import write_summary
 from posenc_cli.tasks.run_start import start_run
 from posenc_cli.tasks.text.misses import missed
 
@@ -209,25 +210,20 @@ def train(
     trained = train_loop(
         hooks, cadence, out, world, start, best, console, cfg.tensorboard, interrupt_at
     )
-    summary = {
-        "recipe": recipe.source,
-        "encoding": recipe.encoding.name,
-        "encoding_params": recipe.encoding.params,
-        "task": recipe.data.task,
-        "seed": recipe.seed,
-        "steps": cfg.steps,
-        "steps_trained": trained.steps,  # fewer than steps where train.stop_at ended the run
-        "parameters": params,
-        "best_val_loss": trained.best,
-        "train_lengths": [lo, hi],
-        "device": device.type,
-        "world_size": world.size,
-        "threads": torch.get_num_threads(),  # it orders float sums: another count, other numbers
-        "final": last_metrics(log_path) if world.main else {},
-    }
-    if world.main:
-        atomic_write_json(out / "summary.json", summary)
-    return summary
+    return write_summary(
+        out,
+        recipe,
+        world,
+        device,
+        log_path,
+        task=recipe.data.task,
+        seed=recipe.seed,
+        steps=cfg.steps,
+        steps_trained=trained.steps,  # fewer than steps where train.stop_at ended the run
+        parameters=params,
+        best_val_loss=trained.best,
+        train_lengths=[lo, hi],
+    )
 
 
 def stopped_at(step: int, start: int, out: Path) -> str:
