@@ -26,7 +26,7 @@ from posenc_cli.models.positions import random_positions
 from posenc_cli.models.text import build_text_model
 from posenc_cli.runs.cadence import Cadence
 from posenc_cli.runs.checkpoint import load_checkpoint, save_checkpoint
-from posenc_cli.runs.device import autocast
+from posenc_cli.runs.device import autocast, seed_device
 from posenc_cli.runs.directory import append_metrics
 from posenc_cli.runs.epochs import optimize
 from posenc_cli.runs.loop import TrainingHooks, no_score_yet, train_loop
@@ -141,7 +141,7 @@ def train(
     def batches(first: int):
         for step in itertools.count(first):
             gen = step_generator(recipe.seed, world.rank, step)
-            torch.manual_seed(recipe.seed * 1_000_003 + step)  # dropout masks
+            seed_device(recipe.seed * 1_000_003 + step, device)  # dropout masks
             if segments is not None:
                 tokens, targets = segments.batch(step)
                 key_mask = None
