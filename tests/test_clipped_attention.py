@@ -161,8 +161,9 @@ def test_layout_covers_every_pair_once_with_far_pairs_in_their_end_bucket(
             assert bool((far <= -clip).all()) if side == 0 else bool((far >= clip).all())
     covered = count if not causal else count.masked_select(rel <= 0)
     assert bool((covered == 1).all())
-    if causal:
+    if causal:  # no far right, and no near key past a block's last query: all in the future
         assert not layout.far[1]
+        assert all(blk.near.stop == blk.rows.stop + memory for blk in layout.blocks)
 
 
 def test_saturated_core_keeps_every_t5_bucket():

@@ -6,7 +6,8 @@ queries ``i in [s, e)`` the keys fall in three regions:
 - far left, ``j < s - K``: every pair is in the first bucket, so the key term is one number per
   query, ``q_i . w^K[0]``, and the value term the one vector ``w^V[0]``;
 - far right, ``j > e - 1 + K``: the same with the last bucket;
-- near, the ``c + 2K`` keys in between, where the buckets vary.
+- near, the ``c + 2K`` keys in between, where the buckets vary (``c + K`` under a causal mask,
+  where the K keys past the block's last query are all in the future).
 
 A per-query constant added to a region's logits only shifts that region's logsumexp, so the far
 regions are plain attention: the flash kernel gives their output and logsumexp, the constant is
@@ -88,7 +89,9 @@ class Block:
         clip, device = (len(lookup) - 1) // 2, lookup.device
         self.rows = slice(s, e)
         left = min(max(s + offset - clip, 0), keys)  # far left: keys [0, left)
-        right = min(max(e + offset + clip, left), keys)  # far right: keys [right, keys)
+        # far right: keys [right, keys); under a causal mask the near band ends at the block's
+        # last query, since the clip distance past it holds only future keys
+        right = min(max(e + offset + (0 if causal else clip), left), keys)
         self.near = slice(left, right)
         query = torch.arange(s, e, device=device)[:, None] + offset  # (c, 1)
         rel = torch.arange(left, right, device=device)[None, :] - query  # (c, w)
