@@ -14,7 +14,13 @@ from posenc_cli.runs.directory import last_metrics
 
 
 def write_summary(
-    out: Path, recipe: Any, world: Any, device: torch.device, log_path: Path, **fields: Any
+    out: Path,
+    recipe: Any,
+    model: torch.nn.Module,
+    world: Any,
+    device: torch.device,
+    log_path: Path,
+    **fields: Any,
 ) -> dict[str, Any]:
     """The summary of the run of ``recipe`` (a Recipe) in ``out``, with the task's ``fields``
     between who the run is and where it ran; written by rank 0 only, returned on every rank."""
@@ -22,6 +28,8 @@ def write_summary(
         "recipe": recipe.source,
         "encoding": recipe.encoding.name,
         "encoding_params": recipe.encoding.params,
+        "seed": recipe.seed,
+        "parameters": sum(p.numel() for p in model.parameters()),
         **fields,
         "device": device.type,
         "world_size": world.size,

@@ -195,17 +195,7 @@ def train_detection(
         hooks, cadence, out, world, start, best, console, cfg.tensorboard, interrupt_at
     )
     return write_summary(
-        out,
-        recipe,
-        world,
-        device,
-        log_path,
-        kind="detection",
-        sine=recipe.model.sine,
-        seed=recipe.seed,
-        epochs=cfg.epochs,
-        steps=cadence.total,
-        parameters=sum(p.numel() for p in model.parameters()),
-        encoding_parameters=model.encoding_parameters(),
-        best_val_AP=trained.best,
-    )
+        out, recipe, model, world, device, log_path,
+        kind="detection", sine=recipe.model.sine, epochs=cfg.epochs, steps=cadence.total,
+        encoding_parameters=model.encoding_parameters(), best_val_AP=trained.best,
+    )  # fmt: skip

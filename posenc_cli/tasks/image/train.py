@@ -235,18 +235,8 @@ def train_image(
         hooks, cadence, out, world, start, best, console, cfg.tensorboard, interrupt_at
     )
     return write_summary(
-        out,
-        recipe,
-        world,
-        device,
-        log_path,
-        kind="image",
-        dataset=recipe.data.dataset,
-        seed=recipe.seed,
-        epochs=cfg.epochs,
-        steps=cadence.total,
-        parameters=sum(p.numel() for p in model.parameters()),
-        encoding_parameters=model.encoding_parameters(),
-        best_val_top1=trained.best,
+        out, recipe, model, world, device, log_path,
+        kind="image", dataset=recipe.data.dataset, epochs=cfg.epochs, steps=cadence.total,
+        encoding_parameters=model.encoding_parameters(), best_val_top1=trained.best,
         image_size=data.image_size,
-    )
+    )  # fmt: skip

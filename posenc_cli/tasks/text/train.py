@@ -133,7 +133,6 @@ def train(
         starts = torch.randint(0, max(span, 1), (cfg.batch_size,), generator=gen)
         segments = Segments(stream, starts, recipe.data.train_lengths[1])
 
-    params = sum(p.numel() for p in model.parameters())
     lo, hi = recipe.data.train_lengths
     span = recipe.model.random_positions  # 0: positions 0 .. T - 1
     tally = Tally()  # this period's training figures; only rank 0 reports and renews it
@@ -211,19 +210,11 @@ def train(
         hooks, cadence, out, world, start, best, console, cfg.tensorboard, interrupt_at
     )
     return write_summary(
-        out,
-        recipe,
-        world,
-        device,
-        log_path,
-        task=recipe.data.task,
-        seed=recipe.seed,
-        steps=cfg.steps,
+        out, recipe, model, world, device, log_path,
+        task=recipe.data.task, steps=cfg.steps,
         steps_trained=trained.steps,  # fewer than steps where train.stop_at ended the run
-        parameters=params,
-        best_val_loss=trained.best,
-        train_lengths=[lo, hi],
-    )
+        best_val_loss=trained.best, train_lengths=[lo, hi],
+    )  # fmt: skip
 
 
 def stopped_at(step: int, start: int, out: Path) -> str:
