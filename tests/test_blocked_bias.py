@@ -35,7 +35,11 @@ def grads_of(out, inputs, seed):
 @pytest.mark.parametrize("name", ONE_D)
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("memory", [0, 7])
-def test_kernel_equals_dense_attention(name, causal, memory):
+@pytest.mark.parametrize("tile", [blocked_bias.KEY_TILE, 5])
+def test_kernel_equals_dense_attention(monkeypatch, name, causal, memory, tile):
+    """Tiles of 5 keys cut every block's keys into several tiles of the backward, the last
+    shorter."""
+    monkeypatch.setattr(blocked_bias, "KEY_TILE", tile)
     torch.manual_seed(0)
     enc = build_encoding(name, dim=32, heads=4, head_dim=8, causal=causal).double()
     N = 45
@@ -234,9 +238,12 @@ def test_flipped_block_is_the_gathered_block_reversed_read_in_place():
 @pytest.mark.parametrize("name", ["alibi", "kerple", "sandwich", "t5"])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("memory", [0, 7])
-def test_distance_table_kernel_equals_dense_attention(name, causal, memory):
+@pytest.mark.parametrize("tile", [blocked_bias.KEY_TILE, 5])
+def test_distance_table_kernel_equals_dense_attention(monkeypatch, name, causal, memory, tile):
     """Over consecutive positions the blocks read the table as a view; learned tables still get
-    their gradient (through the gather, block by block)."""
+    their gradient (the diagonal sums of dS, block by block and, with tiles of 5, tile by
+    tile)."""
+    monkeypatch.setattr(blocked_bias, "KEY_TILE", tile)
     torch.manual_seed(0)
     enc = build_encoding(name, dim=32, heads=4, head_dim=8, causal=causal).double()
     N = 45
