@@ -13,7 +13,8 @@ bias of queries ``[s, e)`` can be asked of the encoding when that block is reach
 - backward: per block, the flash backward takes the same bias and the saved logsumexp and gives
   dq, dk and dv; when the bias has learned parameters, ``dS = P * (dO v^T - rowsum(dO * O))`` of
   the block is the bias's gradient, sent to the parameters through the encoding's own ``bias``,
-  recomputed for the block with autograd on.
+  recomputed for the block with autograd on; that pass goes over the block's keys in tiles of
+  ``KEY_TILE``, whose ``P`` and ``dS`` stay in cache.
 
 Only one block's bias exists at a time, so memory grows linearly in N (q, k, v, the output, the
 logsumexp and one ``(H, BLOCK, Nk)`` block). Often not even that: a bias of ``j - i`` over
