@@ -272,19 +272,27 @@ def _grads_through_table(tensors, grads, table, scale, seen, block) -> None:
         lse_b, dot_b = lse[:, :, rows, None].flip(-2), row_dot[:, :, rows].flip(-2)
         dq_b = torch.zeros_like(q_s)
         for keys in key_tiles(block_keys):
-            k_b, v_b = k[:, :, keys], v[:, :, keys]
             view = table.flipped(q_pos[rows], k_pos[keys], seen, q.dtype)
-            prob = torch.matmul(q_s, k_b.transpose(-2, -1))
-            prob.add_(view).sub_(lse_b).exp_()
-            dv[:, :, keys] += torch.matmul(prob.transpose(-2, -1), g_b)
-            d_score = torch.matmul(g_b, v_b.transpose(-2, -1))
-            d_score.sub_(dot_b).mul_(prob)  # (B, H, rows, keys)
-            dq_b += torch.matmul(d_score, k_b)
-            dk[:, :, keys] += torch.matmul(d_score.transpose(-2, -1), q_s)
+            d_score = _tile_backward(q_s, k, v, g_b, view, lse_b, dot_b, keys, dk, dv)
+            dq_b += torch.matmul(d_score, k[:, :, keys])
             start = table.start(q_pos[rows], k_pos[keys])
             sums = skewed_sums(d_score)
             d_table[:, start : start + sums.shape[-1]] += sums
         dq[:, :, rows] = dq_b.mul_(scale).flip(-2)
+
+
+def _tile_backward(q_s, k, v, g_b, bias, lse_b, dot_b, keys, dk, dv) -> Tensor:
+    """One tile of a block (its queries ``q_s``, already scaled, and ``keys``): forms
+    ``P = exp(q_s k^T + bias - lse)`` and ``dS = P * (dO v^T - rowsum(dO * O))``, adds the
+    tile's share to dv and dk, and returns dS, ``(B, H, rows, keys)``, for dq and the bias."""
+    k_b, v_b = k[:, :, keys], v[:, :, keys]
+    prob = torch.matmul(q_s, k_b.transpose(-2, -1))
+    prob.add_(bias).sub_(lse_b).exp_()
+    dv[:, :, keys] += torch.matmul(prob.transpose(-2, -1), g_b)
+    d_score = torch.matmul(g_b, v_b.transpose(-2, -1))
+    d_score.sub_(dot_b).mul_(prob)
+    dk[:, :, keys] += torch.matmul(d_score.transpose(-2, -1), q_s)
+    return d_score
 
 
 def skewed_sums(grad: Tensor) -> Tensor:
@@ -309,49 +317,33 @@ def _grads_through_bias(tensors, grads, learned, bias_of_block, scale, seen, blo
     row_dot = (grad_out * out).sum(-1, keepdim=True)  # (B, H, N, 1)
     for rows, block_keys in blocks(q_pos, k_pos, seen, block):
         q_b, g_b = q[:, :, rows], grad_out[:, :, rows]
-        q_s = q_b * scale  # scaled once here, not on every (rows, keys) pair below
+        q_s = q_b * scale  # scaled once here, not on every tile below
+        lse_b, dot_b = lse[:, :, rows, None], row_dot[:, :, rows]
         # a content-dependent term is built from the keys it is given, so tiles would build
         # their shared distances again: it takes the block whole
         for keys in [block_keys] if reads else key_tiles(block_keys):
-            parts = _tile_grads(
-                (q_b, q_s, k[:, :, keys], v[:, :, keys], g_b, lse[:, :, rows, None]),
-                (row_dot[:, :, rows], q_pos[rows], k_pos[keys]), (dq[:, :, rows], dk, dv, keys),
-                bias_of_block, learned, scale, seen, reads,
-            )  # fmt: skip
+            with torch.enable_grad():
+                # a content-dependent bias is differentiated at this block's q and k
+                q_in, k_in = (t.detach().requires_grad_(reads) for t in (q_b, k[:, :, keys]))
+                bias = masked_bias(bias_of_block, q_in, k_in, q_pos[rows], k_pos[keys], seen)
+            d_score = _tile_backward(q_s, k, v, g_b, bias.detach(), lse_b, dot_b, keys, dk, dv)
+            dq[:, :, rows] += torch.matmul(d_score, k[:, :, keys]).mul_(scale)
+            d_bias = reduce_to(d_score, bias.shape)  # a content-free bias is shared by the batch
+            inputs = [q_in, k_in, *learned] if reads else learned
+            # retained: a table computed once before the blocks (from ``leaves``) is shared
+            parts = list(
+                torch.autograd.grad(bias, inputs, d_bias, allow_unused=True, retain_graph=True)
+            )
+            if reads:
+                g_q, g_k = parts.pop(0), parts.pop(0)
+                if g_q is not None:
+                    dq[:, :, rows] += g_q
+                if g_k is not None:
+                    dk[:, :, keys] += g_k
             for total, part in zip(leaf_grads, parts, strict=True):
                 if part is not None:
                     total += part
     return leaf_grads
-
-
-def _tile_grads(tensors, rows_of, grads, bias_of_block, learned, scale, seen, reads):
-    """One tile's share of dq (added into ``dq_rows``, the block's rows), dk, dv and of the
-    leaves' gradients (returned): the bias built, P and dS formed, dS sent back through it."""
-    q_b, q_s, k_b, v_b, g_b, lse_b = tensors
-    dot_b, q_pos_b, k_pos_b = rows_of
-    dq_rows, dk, dv, keys = grads
-    with torch.enable_grad():
-        # a content-dependent bias is differentiated at this block's q and k
-        q_in, k_in = (t.detach().requires_grad_(reads) for t in (q_b, k_b))
-        bias = masked_bias(bias_of_block, q_in, k_in, q_pos_b, k_pos_b, seen)
-    prob = torch.matmul(q_s, k_b.transpose(-2, -1))
-    prob.add_(bias.detach()).sub_(lse_b).exp_()
-    dv[:, :, keys] += torch.matmul(prob.transpose(-2, -1), g_b)
-    d_score = torch.matmul(g_b, v_b.transpose(-2, -1))
-    d_score.sub_(dot_b).mul_(prob)  # (B, H, rows, keys)
-    dq_rows += torch.matmul(d_score, k_b).mul_(scale)
-    dk[:, :, keys] += torch.matmul(d_score.transpose(-2, -1), q_s)
-    d_bias = reduce_to(d_score, bias.shape)  # a content-free bias is shared by the batch
-    inputs = [q_in, k_in, *learned] if reads else learned
-    # retained: a table computed once before the blocks (from ``leaves``) is shared by them
-    parts = list(torch.autograd.grad(bias, inputs, d_bias, allow_unused=True, retain_graph=True))
-    if reads:
-        g_q, g_k = parts.pop(0), parts.pop(0)
-        if g_q is not None:
-            dq_rows += g_q
-        if g_k is not None:
-            dk[:, :, keys] += g_k
-    return parts
 
 
 def blocked_bias_attention(
