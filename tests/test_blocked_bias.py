@@ -177,12 +177,16 @@ def test_causal_module_path_with_memory_matches_dense(monkeypatch):
     torch.testing.assert_close(out, att.merge_heads(ref), rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", ["xl", "deberta"])
-def test_content_dependent_terms_block_by_block_equal_the_dense_path(monkeypatch, name):
+@pytest.mark.parametrize(
+    "name, params",
+    [("xl", {}), ("deberta", {}), ("deberta", {"c2p": False}), ("deberta", {"p2c": False})],
+)
+def test_content_dependent_terms_block_by_block_equal_the_dense_path(monkeypatch, name, params):
     """XL's and DeBERTa's (i, j) terms read q_i and k_j: asked per block with that block's q and
-    k, their outputs and all gradients (q, k through the bias too) equal the dense path's."""
+    k (DeBERTa: its rows of q @ K^r and k @ Q^r), their outputs and all gradients (q, k through
+    the bias too) equal the dense path's."""
     torch.manual_seed(0)
-    enc = build_encoding(name, dim=32, heads=4, head_dim=8, causal=True)
+    enc = build_encoding(name, dim=32, heads=4, head_dim=8, causal=True, **params)
     assert enc.pairwise_content and not enc.content_free
     att = Attention(32, 4, enc, causal=True).double()
     x = torch.randn(2, 37, 32, dtype=torch.float64, requires_grad=True)
@@ -200,6 +204,22 @@ def test_content_dependent_terms_block_by_block_equal_the_dense_path(monkeypatch
     torch.testing.assert_close(fast, slow, rtol=0, atol=1e-12)
     for got, want in zip(fast_grads, slow_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-11)
+
+
+@pytest.mark.parametrize("name, projection", [("xl", "position_keys"), ("deberta", "per_head")])
+def test_content_dependent_tables_are_projected_once_for_all_blocks(monkeypatch, name, projection):
+    """XL's W_R R and DeBERTa's K^r, Q^r are the same for every block: a forward and backward
+    over 5 blocks projects them once (XL one table, DeBERTa two), not once per block and again
+    in the backward."""
+    torch.manual_seed(0)
+    enc = build_encoding(name, dim=32, heads=4, head_dim=8, causal=True)
+    att = Attention(32, 4, enc, causal=True).double()
+    calls = []
+    real = getattr(enc, projection)
+    monkeypatch.setattr(enc, projection, lambda *a: calls.append(1) or real(*a))
+    route_blocked(monkeypatch, True)
+    att(torch.randn(2, 37, 32, dtype=torch.float64)).sum().backward()
+    assert len(calls) == (1 if name == "xl" else 2)
 
 
 def test_sparse_positions_skip_the_distance_table(monkeypatch):

@@ -162,16 +162,40 @@ class DebertaDisentangled(PositionEncoding):
         return self.relative(q_pos, k_pos), 2 * self.span
 
     def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        c2p_rows, p2c_rows = self.per_bucket(q, k)
+        return self.gathered(c2p_rows, p2c_rows, q_pos, k_pos)
+
+    def per_bucket(self, q: Tensor, k: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        """``q @ K^r`` ``(B, H, Nq, 2k)`` and ``k @ Q^r`` ``(B, H, Nk, 2k)``: every query's c2p
+        and every key's p2c score at each table row (None for a term that is off)."""
+        c2p = q @ self.per_head(self.pos_key) if self.pos_key is not None else None
+        p2c = k @ self.per_head(self.pos_query) if self.pos_query is not None else None
+        return c2p, p2c
+
+    def gathered(self, c2p_rows, p2c_rows, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """c2p + p2c of every pair, scaled: each pair's table row picked from the scores."""
         score = None
-        if self.pos_key is not None:
-            per_row = q @ self.per_head(self.pos_key)  # (B, H, Nq, 2k)
-            score = gather_buckets(per_row, self.relative(q_pos, k_pos))  # (B, H, Nq, Nk)
-        if self.pos_query is not None:
-            per_row = k @ self.per_head(self.pos_query)  # (B, H, Nk, 2k)
-            by_key = gather_buckets(per_row, self.relative(k_pos, q_pos))  # (B, H, Nk, Nq)
+        if c2p_rows is not None:
+            score = gather_buckets(c2p_rows, self.relative(q_pos, k_pos))  # (B, H, Nq, Nk)
+        if p2c_rows is not None:
+            by_key = gather_buckets(p2c_rows, self.relative(k_pos, q_pos))  # (B, H, Nk, Nq)
             p2c = by_key.transpose(-2, -1)  # (B, H, Nq, Nk)
             score = p2c if score is None else score + p2c
         return score * self.logit_scale()
+
+    def bias_by_block(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor):
+        """The scores per table row once for all queries and keys (per block, a causal block of
+        rows ending at key e multiplied all e keys by Q^r again, and both tables were projected
+        again, forward and backward): each block gathers from its rows and keys of them."""
+        c2p_rows, p2c_rows = self.per_bucket(q, k)
+        # a term that is off reads nothing; q or k stands in for it, unread
+        reads = (q if c2p_rows is None else c2p_rows, k if p2c_rows is None else p2c_rows)
+        on = (c2p_rows is not None, p2c_rows is not None)
+
+        def block(rows: Tensor, keys: Tensor, q_pos_b: Tensor, k_pos_b: Tensor) -> Tensor:
+            return self.gathered(rows if on[0] else None, keys if on[1] else None, q_pos_b, k_pos_b)
+
+        return block, [], reads
 
     def extra_repr(self) -> str:
         return (

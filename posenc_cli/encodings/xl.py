@@ -108,22 +108,53 @@ class TransformerXLRelative(PositionEncoding):
         for p in (self.proj.weight, self.u, self.v):
             nn.init.normal_(p, std=0.02)
 
-    def shifted_position_term(self, qv: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    def shifted_position_term(self, qv: Tensor, q_pos: Tensor, k_pos: Tensor, r: Tensor) -> Tensor:
         """``(q + v) . W_R R_{i-j}`` over consecutive positions without a gather: ``(q + v) @ R``
-        against the ``Nq + Nk - 1`` distances in falling order, then read at a skewed stride,
-        the relative shift of Transformer-XL's reference code as a view. Entry ``(i, j)`` sits
-        at ``(Nq - 1 - i) + j`` of row i, so rows step by ``n - 1`` elements. Future pairs read
-        negative distances here (the gather reads 0); the causal mask removes them either way."""
+        against the ``Nq + Nk - 1`` distances in falling order (``r``, ``(H, n, d)``, from
+        ``falling_keys``), then read at a skewed stride, the relative shift of Transformer-XL's
+        reference code as a view. Entry ``(i, j)`` sits at ``(Nq - 1 - i) + j`` of row i, so
+        rows step by ``n - 1`` elements. Future pairs read negative distances here (the gather
+        reads 0); the causal mask removes them either way."""
         nq, nk = len(q_pos), len(k_pos)
-        top = int(q_pos[-1] - k_pos[0])  # the largest i - j
-        falling = torch.arange(top, top - (nq + nk - 1), -1, device=q_pos.device)  # (n,)
-        r = self.position_keys(falling).to(qv.dtype)  # (H, n, d)
         scores = (qv @ r.transpose(-2, -1)).contiguous()  # (B, H, Nq, n)
         B, H, _, n = scores.shape
         return scores.as_strided(
             (B, H, nq, nk), (scores.stride(0), scores.stride(1), n - 1, 1),
             scores.storage_offset() + nq - 1,
         )  # fmt: skip
+
+    def falling_keys(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype) -> tuple[Tensor, int]:
+        """``W_R R_x`` for every distance the pairs span, the largest ``i - j`` first, ``(H, n,
+        d)``, and that largest distance; a block's distances are a slice of it."""
+        top = int(q_pos[-1] - k_pos[0])
+        falling = torch.arange(top, top - (len(q_pos) + len(k_pos) - 1), -1, device=q_pos.device)
+        return self.position_keys(falling).to(dtype), top
+
+    def read_distances(self, qv: Tensor, q_pos: Tensor, k_pos: Tensor, r: Tensor, top: int):
+        """``(q + v) . W_R R_{i-j}`` of every pair from ``r``, the keys of the distances falling
+        from ``top`` (``falling_keys``): through the relative shift where both sides are
+        consecutive, else gathered by distance (a band's global tokens beside its reach)."""
+        nq, nk = len(q_pos), len(k_pos)
+        if consecutive(q_pos) and consecutive(k_pos):
+            first = top - int(q_pos[-1] - k_pos[0])
+            return self.shifted_position_term(qv, q_pos, k_pos, r[:, first : first + nq + nk - 1])
+        dist = q_pos[:, None] - k_pos[None, :]  # (Nq, Nk)
+        high, low = int(dist.max()), int(dist.min())
+        return gather_buckets(qv @ r[:, top - high : top - low + 1].transpose(-2, -1), high - dist)
+
+    def bias_by_block(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor):
+        """Over consecutive positions ``W_R R`` is projected once for all blocks (per block it
+        cost a ``(n, D) @ (D, H d)`` product forward, again in the backward and for its
+        gradient): each block reads its slice of the distances."""
+        if self.clamp_len is not None or not (consecutive(q_pos) and consecutive(k_pos)):
+            return super().bias_by_block(q, k, q_pos, k_pos)
+        r, top = self.falling_keys(q_pos, k_pos, q.dtype)
+
+        def block(q_b: Tensor, k_b: Tensor, q_pos_b: Tensor, k_pos_b: Tensor) -> Tensor:
+            v = self.v.to(q_b.dtype)[None, :, None, :]  # (1, H, 1, d)
+            return self.with_content(self.read_distances(q_b + v, q_pos_b, k_pos_b, r, top), k_b)
+
+        return block, [r, self.u, self.v], (q, k)
 
     def position_keys(self, distances: Tensor) -> Tensor:
         """``W_R R_x`` per head for each distance: ``(H, n, d)``."""
@@ -132,15 +163,20 @@ class TransformerXLRelative(PositionEncoding):
         return r.view(len(distances), self.heads, self.head_dim).transpose(0, 1)  # (H, n, d)
 
     def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        u = self.u.to(q.dtype)[None, :, None, :]  # (1, H, 1, d)
         v = self.v.to(q.dtype)[None, :, None, :]  # (1, H, 1, d)
         if self.clamp_len is None and consecutive(q_pos) and consecutive(k_pos):
-            position = self.shifted_position_term(q + v, q_pos, k_pos)
+            r, top = self.falling_keys(q_pos, k_pos, q.dtype)
+            position = self.read_distances(q + v, q_pos, k_pos, r, top)
         else:
             ids, distances = distance_index(
                 q_pos, k_pos, causal=self.causal, clamp_len=self.clamp_len
             )
             r = self.position_keys(distances).to(q.dtype)  # (H, n, d)
             position = gather_buckets((q + v) @ r.transpose(-2, -1), ids)  # (B, H, Nq, Nk)
+        return self.with_content(position, k)
+
+    def with_content(self, position: Tensor, k: Tensor) -> Tensor:
+        """(b) + (d), ``position``, plus (c), scaled."""
+        u = self.u.to(k.dtype)[None, :, None, :]  # (1, H, 1, d)
         content = (k @ u.transpose(-2, -1)).transpose(-2, -1)  # (c): (B, H, 1, Nk)
         return (position + content) * self.logit_scale()

@@ -170,13 +170,18 @@ def _flipped_flash(q_b, k_b, v_b, mask, scale):
 
 class _BlockedBiasAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, q_pos, k_pos, scale, seen, block, bias_of_block, reads, *leaves):
+    def forward(
+        ctx, q, k, v, q_pos, k_pos, scale, seen, block, bias_of_block, read_q, read_k, *leaves
+    ):
+        reads = read_q is not None
+        read = (read_q, read_k) if reads else ()
+        ctx.settings = (scale, seen, block, bias_of_block, reads)
         grid = isinstance(bias_of_block, GridTable) and seen.band is None
         if grid and bias_of_block.serves(q_pos, k_pos, seen.causal):
             out, lse = bias_of_block.attend(q, k, v, scale)
-            ctx.save_for_backward(q, k, v, out, lse, q_pos, k_pos, *leaves)
-            ctx.settings = (scale, seen, block, bias_of_block, reads)
+            ctx.save_for_backward(q, k, v, out, lse, q_pos, k_pos, *read, *leaves)
             return out
+        bias_q, bias_k = read or (q, k)
         out = torch.empty_like(q)
         lse = q.new_empty(q.shape[:-1])
         viewed = _viewable(bias_of_block, q_pos, k_pos, seen)
@@ -186,17 +191,21 @@ class _BlockedBiasAttention(torch.autograd.Function):
                 mask = bias_of_block.flipped(q_pos[rows], k_pos[keys], seen, q.dtype)
                 out[:, :, rows], lse[:, :, rows] = _flipped_flash(q_b, k_b, v_b, mask, scale)
                 continue
-            bias = masked_bias(bias_of_block, q_b, k_b, q_pos[rows], k_pos[keys], seen)
+            bias = masked_bias(
+                bias_of_block, bias_q[:, :, rows], bias_k[:, :, keys], q_pos[rows], k_pos[keys],
+                seen,
+            )  # fmt: skip
             out[:, :, rows], lse[:, :, rows] = _flash(q_b, k_b, v_b, attn_mask=bias, scale=scale)
-        ctx.save_for_backward(q, k, v, out, lse, q_pos, k_pos, *leaves)
-        ctx.settings = (scale, seen, block, bias_of_block, reads)
+        ctx.save_for_backward(q, k, v, out, lse, q_pos, k_pos, *read, *leaves)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse, q_pos, k_pos, *leaves = ctx.saved_tensors
         scale, seen, block, bias_of_block, reads = ctx.settings
-        needs = ctx.needs_input_grad[10:]  # the leaves' flags, after the ten other inputs
+        read = [leaves.pop(0), leaves.pop(0)] if reads else []
+        read_grads = [None, None]
+        needs = ctx.needs_input_grad[11:]  # the leaves' flags, after the eleven other inputs
         learned = [leaf for leaf, need in zip(leaves, needs, strict=True) if need]
         grad_out = grad_out.contiguous()
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -208,9 +217,10 @@ class _BlockedBiasAttention(torch.autograd.Function):
                 bias_of_block, scale, seen, block,
             )  # fmt: skip
         elif learned or reads:  # the bias has a gradient to pass on
+            read_grads = [torch.zeros_like(t) for t in read] or read_grads
             leaf_grads = _grads_through_bias(
                 (q, k, v, out, lse, q_pos, k_pos, grad_out), (dq, dk, dv), learned,
-                bias_of_block, scale, seen, block, reads,
+                bias_of_block, scale, seen, block, (read, read_grads),
             )  # fmt: skip
         else:
             _flash_grads(
@@ -220,7 +230,7 @@ class _BlockedBiasAttention(torch.autograd.Function):
             leaf_grads = []
         per_leaf = iter(leaf_grads)
         grads = [next(per_leaf) if need else None for need in needs]
-        return dq, dk, dv, None, None, None, None, None, None, None, *grads
+        return dq, dk, dv, None, None, None, None, None, None, *read_grads, *grads
 
 
 def _table_is_the_leaf(bias_of_block: BiasOfBlock, learned: list[Tensor]) -> bool:
@@ -308,11 +318,15 @@ def skewed_sums(grad: Tensor) -> Tensor:
     return buffer.sum(1)
 
 
-def _grads_through_bias(tensors, grads, learned, bias_of_block, scale, seen, block, reads):
+def _grads_through_bias(tensors, grads, learned, bias_of_block, scale, seen, block, reading):
     """dq, dk, dv and the learned leaves' gradients in one pass per block: the bias gradient dS
-    is also what dq, dk and dv are made of. Returns the leaves' gradients."""
+    is also what dq, dk and dv are made of. Returns the leaves' gradients. ``reading``: the two
+    tensors a content-dependent bias reads the rows and the keys of, and their gradients to fill
+    (both lists empty for a content-free bias)."""
     q, k, v, out, lse, q_pos, k_pos, grad_out = tensors
     dq, dk, dv = grads
+    (read_q, read_k), (d_read_q, d_read_k) = reading if reading[0] else ((q, k), (None, None))
+    reads = d_read_q is not None
     leaf_grads = [torch.zeros_like(leaf) for leaf in learned]
     row_dot = (grad_out * out).sum(-1, keepdim=True)  # (B, H, N, 1)
     for rows, block_keys in blocks(q_pos, k_pos, seen, block):
@@ -323,8 +337,9 @@ def _grads_through_bias(tensors, grads, learned, bias_of_block, scale, seen, blo
         # their shared distances again: it takes the block whole
         for keys in [block_keys] if reads else key_tiles(block_keys):
             with torch.enable_grad():
-                # a content-dependent bias is differentiated at this block's q and k
-                q_in, k_in = (t.detach().requires_grad_(reads) for t in (q_b, k[:, :, keys]))
+                # a content-dependent bias is differentiated at this block's rows and keys
+                parts_read = (read_q[:, :, rows], read_k[:, :, keys])
+                q_in, k_in = (t.detach().requires_grad_(reads) for t in parts_read)
                 bias = masked_bias(bias_of_block, q_in, k_in, q_pos[rows], k_pos[keys], seen)
             d_score = _tile_backward(q_s, k, v, g_b, bias.detach(), lse_b, dot_b, keys, dk, dv)
             dq[:, :, rows] += torch.matmul(d_score, k[:, :, keys]).mul_(scale)
@@ -337,9 +352,9 @@ def _grads_through_bias(tensors, grads, learned, bias_of_block, scale, seen, blo
             if reads:
                 g_q, g_k = parts.pop(0), parts.pop(0)
                 if g_q is not None:
-                    dq[:, :, rows] += g_q
+                    d_read_q[:, :, rows] += g_q
                 if g_k is not None:
-                    dk[:, :, keys] += g_k
+                    d_read_k[:, :, keys] += g_k
             for total, part in zip(leaf_grads, parts, strict=True):
                 if part is not None:
                     total += part
@@ -357,18 +372,21 @@ def blocked_bias_attention(
     scale: float,
     causal: bool,
     block: int | None = None,
-    reads_content: bool = False,
+    reads: tuple[Tensor, Tensor] | None = None,
     band: Band | None = None,
 ) -> Tensor:
     """``softmax(q k^T * scale + bias + causal mask) v``, ``(B, H, Nq, d)``, where
     ``bias_of_block(q_rows, k_keys, q_pos[rows], k_pos[keys])`` gives the bias of any block,
     ``(1|B, H, rows, keys)``, and ``leaves`` are the tensors it learns from (their gradients are
-    returned through autograd as usual). ``reads_content``: the bias reads the block's q and k
-    (at (i, j) only q_i, k_j and the positions: Transformer-XL, DeBERTa), so their gradients
-    through it are taken block by block too. ``band``: a sparse pattern over 1D positions
+    returned through autograd as usual). ``reads``: the bias reads content, ``(B, H, Nq, *)``
+    and ``(B, H, Nk, *)`` tensors whose (i, j) entry reads only row i of the first, row j of the
+    second and the positions (q and k for Transformer-XL, their products with DeBERTa's tables);
+    the kernel then hands each block those rows instead of q's and k's, and their gradients are
+    taken block by block too. ``band``: a sparse pattern over 1D positions
     (``kernels/visibility.py``); each block then sees only the keys within its reach."""
     seen = Visibility(causal, band, int(k_pos[0]) if band is not None else 0)
+    read_q, read_k = reads or (None, None)
     return _BlockedBiasAttention.apply(
-        q, k, v, q_pos, k_pos, scale, seen, block or BLOCK, bias_of_block, reads_content,
+        q, k, v, q_pos, k_pos, scale, seen, block or BLOCK, bias_of_block, read_q, read_k,
         *leaves,
     )  # fmt: skip

@@ -272,14 +272,18 @@ class Attention(nn.Module):
         """A bias asked for one block of queries at a time: never the whole ``(H, Nq, Nk)``
         tensor, and under a causal mask or a band only the keys each block sees. Content-free
         biases come from the positions alone; ``pairwise_content`` ones from the block's own q
-        and k; ``plain`` (no bias at all, under a band) is a table of zeros the band masks."""
+        and k (or what ``bias_by_block`` makes of them); ``plain`` (no bias at all, under a band)
+        is a table of zeros the band masks."""
         encoding = self.encoding
         bias_of_block = encoding.bias  # asked with the block's own q and k
         learned = [p for p in encoding.parameters() if p.requires_grad]
+        reads = None  # what a content-dependent bias reads rows and keys of
         if plain:
             low = int(k_pos[0] - q_pos[-1])
             zeros = q.new_zeros(1, int(k_pos[-1] - q_pos[0]) - low + 1)
             bias_of_block, learned = blocked_bias.DistanceTable(zeros, low), []
+        elif encoding.pairwise_content:
+            bias_of_block, learned, reads = encoding.bias_by_block(q, k, q_pos, k_pos)
         elif encoding.toeplitz and dense_positions(k_pos):
             table, low = encoding.distance_table(q, q_pos, k_pos)
             bias_of_block = blocked_bias.DistanceTable(table, low)
@@ -288,8 +292,8 @@ class Attention(nn.Module):
             # an image's patches: the kernel reads the bias as views where GridTable.serves
             bias_of_block = GridTable(encoding.bias, q, k_pos, layout)
         return blocked_bias.blocked_bias_attention(
-            q, k, v, q_pos, k_pos, bias_of_block, learned, scale, self.causal,
-            reads_content=not (encoding.content_free or plain), band=self.band,
+            q, k, v, q_pos, k_pos, bias_of_block, learned, scale, self.causal, reads=reads,
+            band=self.band,
         )  # fmt: skip
 
     def fused(self, q, k, v, bias, mask, scale, drop, plain_causal) -> Tensor:
