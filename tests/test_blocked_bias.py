@@ -181,10 +181,15 @@ def test_causal_module_path_with_memory_matches_dense(monkeypatch):
     "name, params",
     [("xl", {}), ("deberta", {}), ("deberta", {"c2p": False}), ("deberta", {"p2c": False})],
 )
-def test_content_dependent_terms_block_by_block_equal_the_dense_path(monkeypatch, name, params):
+@pytest.mark.parametrize("tile", [blocked_bias.KEY_TILE, 5])
+def test_content_dependent_terms_block_by_block_equal_the_dense_path(
+    monkeypatch, name, params, tile
+):
     """XL's and DeBERTa's (i, j) terms read q_i and k_j: asked per block with that block's q and
     k (DeBERTa: its rows of q @ K^r and k @ Q^r), their outputs and all gradients (q, k through
-    the bias too) equal the dense path's."""
+    the bias too) equal the dense path's. DeBERTa's blocks go in tiles of keys (5: several per
+    block), XL's whole."""
+    monkeypatch.setattr(blocked_bias, "KEY_TILE", tile)
     torch.manual_seed(0)
     enc = build_encoding(name, dim=32, heads=4, head_dim=8, causal=True, **params)
     assert enc.pairwise_content and not enc.content_free

@@ -195,6 +195,7 @@ class DebertaDisentangled(PositionEncoding):
         def block(rows: Tensor, keys: Tensor, q_pos_b: Tensor, k_pos_b: Tensor) -> Tensor:
             return self.gathered(rows if on[0] else None, keys if on[1] else None, q_pos_b, k_pos_b)
 
+        block.tiles_freely = True  # a gather per pair: the kernel may cut a block's keys in tiles
         return block, [], reads
 
     def extra_repr(self) -> str:

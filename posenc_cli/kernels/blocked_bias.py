@@ -43,7 +43,8 @@ KEY_TILE = 256
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
-# (the block's q, the keys it sees, their positions) -> bias (1|B, H, rows, keys)
+# (the block's q, the keys it sees, their positions) -> bias (1|B, H, rows, keys); one that
+# reads content and whose pairs cost the same however its keys are cut sets ``tiles_freely``
 BiasOfBlock = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
@@ -333,9 +334,10 @@ def _grads_through_bias(tensors, grads, learned, bias_of_block, scale, seen, blo
         q_b, g_b = q[:, :, rows], grad_out[:, :, rows]
         q_s = q_b * scale  # scaled once here, not on every tile below
         lse_b, dot_b = lse[:, :, rows, None], row_dot[:, :, rows]
-        # a content-dependent term is built from the keys it is given, so tiles would build
-        # their shared distances again: it takes the block whole
-        for keys in [block_keys] if reads else key_tiles(block_keys):
+        # a content-dependent term built from the keys it is given (XL's distances) would be
+        # built again by every tile: it takes the block whole, unless it says tiles cost nothing
+        whole = reads and not getattr(bias_of_block, "tiles_freely", False)
+        for keys in [block_keys] if whole else key_tiles(block_keys):
             with torch.enable_grad():
                 # a content-dependent bias is differentiated at this block's rows and keys
                 parts_read = (read_q[:, :, rows], read_k[:, :, keys])
