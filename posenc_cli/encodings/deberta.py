@@ -45,7 +45,8 @@ Deviations from the paper and the reference code (microsoft/DeBERTa, HF transfor
 
 Efficiency: ``q @ K^r.T`` is computed once per table row, ``(B, H, Nq, 2k)``, and gathered by
 index; p2c likewise from ``k @ Q^r.T``, ``(B, H, Nk, 2k)``, gathered and transposed. No
-``(Nq, Nk, d)`` tensor is built.
+``(Nq, Nk, d)`` tensor is built. Asked block by block (``bias_by_block``), both products are
+made once per call and each block gathers from its rows and keys of them.
 """
 
 from __future__ import annotations

@@ -31,8 +31,9 @@ Conventions and deviations:
   may be longer than queries and every pair gets its true distance. Stopping the gradient into
   the memory (the paper's SG) is the caller's job: pass ``memory.detach()``.
 - Efficiency: (b) + (d) is ``(q + v) @ (W_R R)^T`` once per distinct distance,
-  ``(B, H, Nq, n_dist)``, then gathered by distance id; (c) is ``(B, H, 1, Nk)`` broadcast. No
-  ``(Nq, Nk, d)`` tensor is built. The index tensors are cheap and not cached.
+  ``(B, H, Nq, n_dist)``, then read through the relative shift (consecutive positions) or
+  gathered by distance id; (c) is ``(B, H, 1, Nk)`` broadcast. No ``(Nq, Nk, d)`` tensor is
+  built. Asked block by block (``bias_by_block``), ``W_R R`` is projected once per call.
 """
 
 from __future__ import annotations
