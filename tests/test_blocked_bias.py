@@ -227,6 +227,24 @@ def test_content_dependent_tables_are_projected_once_for_all_blocks(monkeypatch,
     assert len(calls) == (1 if name == "xl" else 2)
 
 
+@pytest.mark.parametrize("name, through_autograd", [("deberta", False), ("xl", True)])
+def test_deberta_adds_its_gathers_gradients_itself(monkeypatch, name, through_autograd):
+    """DeBERTa's blocks scatter their gradient straight into the kernel's buffers (the
+    equality with the dense path is pinned above): the backward asks autograd for no block.
+    XL, whose block builds its distances from the keys, still goes through autograd."""
+    torch.manual_seed(0)
+    enc = build_encoding(name, dim=32, heads=4, head_dim=8, causal=True)
+    att = Attention(32, 4, enc, causal=True).double()
+    calls = []
+    real = torch.autograd.grad
+    monkeypatch.setattr(
+        blocked_bias.torch.autograd, "grad", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    route_blocked(monkeypatch, True)
+    att(torch.randn(2, 37, 32, dtype=torch.float64)).sum().backward()
+    assert bool(calls) == through_autograd
+
+
 def test_sparse_positions_skip_the_distance_table(monkeypatch):
     """Sorted random positions spread over a wide range (randomized positions): the blocks ask
     the encoding itself, and the result still equals the dense path."""

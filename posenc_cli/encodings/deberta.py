@@ -196,7 +196,21 @@ class DebertaDisentangled(PositionEncoding):
         def block(rows: Tensor, keys: Tensor, q_pos_b: Tensor, k_pos_b: Tensor) -> Tensor:
             return self.gathered(rows if on[0] else None, keys if on[1] else None, q_pos_b, k_pos_b)
 
+        def add_grads(d_bias: Tensor, q_pos_b, k_pos_b, d_rows: Tensor, d_keys: Tensor) -> None:
+            # a gather's gradient is a scatter-add; made here straight into the kernel's
+            # buffers, autograd would zero a (B, H, rows, 2k) tensor per term and tile first
+            d_bias = d_bias * self.logit_scale()
+            if on[0]:
+                rows = self.relative(q_pos_b, k_pos_b).expand(d_bias.shape)
+                d_rows.scatter_add_(-1, rows, d_bias)
+            if on[1]:
+                by_key = d_bias.transpose(-2, -1)  # (B, H, keys, rows)
+                d_keys.scatter_add_(
+                    -1, self.relative(k_pos_b, q_pos_b).expand(by_key.shape), by_key
+                )
+
         block.tiles_freely = True  # a gather per pair: the kernel may cut a block's keys in tiles
+        block.add_grads = add_grads
         return block, [], reads
 
     def extra_repr(self) -> str:

@@ -44,7 +44,9 @@ _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
 # (the block's q, the keys it sees, their positions) -> bias (1|B, H, rows, keys); one that
-# reads content and whose pairs cost the same however its keys are cut sets ``tiles_freely``
+# reads content and whose pairs cost the same however its keys are cut sets ``tiles_freely``,
+# and one that knows its own gradient may give ``add_grads(d_bias, q_pos, k_pos, d_rows,
+# d_keys)``, which adds it into the two views in place (no autograd pass, no zeroed buffers)
 BiasOfBlock = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
@@ -338,13 +340,18 @@ def _grads_through_bias(tensors, grads, learned, bias_of_block, scale, seen, blo
         # built again by every tile: it takes the block whole, unless it says tiles cost nothing
         whole = reads and not getattr(bias_of_block, "tiles_freely", False)
         for keys in [block_keys] if whole else key_tiles(block_keys):
+            own = reads and _adds_own_grads(bias_of_block, keys, learned)
             with torch.enable_grad():
                 # a content-dependent bias is differentiated at this block's rows and keys
                 parts_read = (read_q[:, :, rows], read_k[:, :, keys])
-                q_in, k_in = (t.detach().requires_grad_(reads) for t in parts_read)
+                q_in, k_in = (t.detach().requires_grad_(reads and not own) for t in parts_read)
                 bias = masked_bias(bias_of_block, q_in, k_in, q_pos[rows], k_pos[keys], seen)
             d_score = _tile_backward(q_s, k, v, g_b, bias.detach(), lse_b, dot_b, keys, dk, dv)
             dq[:, :, rows] += torch.matmul(d_score, k[:, :, keys]).mul_(scale)
+            if own:  # hidden pairs have P = 0: d_score is already 0 where the mask went in
+                into = (d_read_q[:, :, rows], d_read_k[:, :, keys])
+                bias_of_block.add_grads(d_score, q_pos[rows], k_pos[keys], *into)
+                continue
             d_bias = reduce_to(d_score, bias.shape)  # a content-free bias is shared by the batch
             inputs = [q_in, k_in, *learned] if reads else learned
             # retained: a table computed once before the blocks (from ``leaves``) is shared
@@ -361,6 +368,14 @@ def _grads_through_bias(tensors, grads, learned, bias_of_block, scale, seen, blo
                 if part is not None:
                     total += part
     return leaf_grads
+
+
+def _adds_own_grads(bias_of_block: BiasOfBlock, keys: slice | Tensor, learned: list) -> bool:
+    """Whether a content-dependent block adds its read tensors' gradients itself
+    (``add_grads``): in place into the views of their rows and keys, which only a range of keys
+    has (a band's global keys beside its reach are an index), and only when it learns from
+    nothing else; otherwise autograd does it."""
+    return hasattr(bias_of_block, "add_grads") and isinstance(keys, slice) and not learned
 
 
 def blocked_bias_attention(
