@@ -227,22 +227,42 @@ def test_content_dependent_tables_are_projected_once_for_all_blocks(monkeypatch,
     assert len(calls) == (1 if name == "xl" else 2)
 
 
-@pytest.mark.parametrize("name, through_autograd", [("deberta", False), ("xl", True)])
-def test_deberta_adds_its_gathers_gradients_itself(monkeypatch, name, through_autograd):
-    """DeBERTa's blocks scatter their gradient straight into the kernel's buffers (the
-    equality with the dense path is pinned above): the backward asks autograd for no block.
-    XL, whose block builds its distances from the keys, still goes through autograd."""
+@pytest.mark.parametrize("name", ["xl", "deberta"])
+@pytest.mark.parametrize("frozen", [False, True])
+def test_blocks_add_their_own_gradients_unless_a_leaf_is_frozen(monkeypatch, name, frozen):
+    """XL's and DeBERTa's blocks give their gradients by hand (a scatter of dS; for XL into the
+    relative shift's skewed layout), asking autograd for no block. With one of XL's leaves
+    frozen (u) its blocks go through autograd; DeBERTa has no leaves of its own (its table
+    reaches autograd through the two products), so it stays by hand. Either way the output and
+    every gradient equal the dense path's."""
     torch.manual_seed(0)
     enc = build_encoding(name, dim=32, heads=4, head_dim=8, causal=True)
     att = Attention(32, 4, enc, causal=True).double()
+    if frozen:
+        (enc.u if name == "xl" else enc.rel_embeddings).requires_grad_(False)
+    x = torch.randn(2, 37, 32, dtype=torch.float64, requires_grad=True)
+    inputs = [x, *(p for p in att.parameters() if p.requires_grad)]
     calls = []
     real = torch.autograd.grad
     monkeypatch.setattr(
         blocked_bias.torch.autograd, "grad", lambda *a, **k: calls.append(1) or real(*a, **k)
     )
-    route_blocked(monkeypatch, True)
-    att(torch.randn(2, 37, 32, dtype=torch.float64)).sum().backward()
-    assert bool(calls) == through_autograd
+
+    def run(blocked: bool):
+        routed = route_blocked(monkeypatch, blocked)
+        out = att(x)
+        for t in inputs:
+            t.grad = None
+        out.backward(torch.randn_like(out, generator=torch.Generator().manual_seed(3)))
+        assert bool(routed) == blocked
+        return out, [t.grad for t in inputs]
+
+    fast, fast_grads = run(True)
+    assert bool(calls) == (frozen and name == "xl")
+    slow, slow_grads = run(False)
+    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-12)
+    for got, want in zip(fast_grads, slow_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-11)
 
 
 def test_sparse_positions_skip_the_distance_table(monkeypatch):

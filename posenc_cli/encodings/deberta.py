@@ -46,7 +46,8 @@ Deviations from the paper and the reference code (microsoft/DeBERTa, HF transfor
 Efficiency: ``q @ K^r.T`` is computed once per table row, ``(B, H, Nq, 2k)``, and gathered by
 index; p2c likewise from ``k @ Q^r.T``, ``(B, H, Nk, 2k)``, gathered and transposed. No
 ``(Nq, Nk, d)`` tensor is built. Asked block by block (``bias_by_block``), both products are
-made once per call and each block gathers from its rows and keys of them.
+made once per call and each block gathers from its rows and keys of them, and scatters its
+gradient back into theirs by hand.
 """
 
 from __future__ import annotations
@@ -196,7 +197,7 @@ class DebertaDisentangled(PositionEncoding):
         def block(rows: Tensor, keys: Tensor, q_pos_b: Tensor, k_pos_b: Tensor) -> Tensor:
             return self.gathered(rows if on[0] else None, keys if on[1] else None, q_pos_b, k_pos_b)
 
-        def add_grads(d_bias: Tensor, q_pos_b, k_pos_b, d_rows: Tensor, d_keys: Tensor) -> None:
+        def add_grads(d_bias: Tensor, _rows, _keys, q_pos_b, k_pos_b, d_rows, d_keys) -> list:
             # a gather's gradient is a scatter-add; made here straight into the kernel's
             # buffers, autograd would zero a (B, H, rows, 2k) tensor per term and tile first
             d_bias = d_bias * self.logit_scale()
@@ -208,6 +209,7 @@ class DebertaDisentangled(PositionEncoding):
                 d_keys.scatter_add_(
                     -1, self.relative(k_pos_b, q_pos_b).expand(by_key.shape), by_key
                 )
+            return []  # no leaves: the tables reach autograd through the two products
 
         block.tiles_freely = True  # a gather per pair: the kernel may cut a block's keys in tiles
         block.add_grads = add_grads

@@ -33,7 +33,8 @@ Conventions and deviations:
 - Efficiency: (b) + (d) is ``(q + v) @ (W_R R)^T`` once per distinct distance,
   ``(B, H, Nq, n_dist)``, then read through the relative shift (consecutive positions) or
   gathered by distance id; (c) is ``(B, H, 1, Nk)`` broadcast. No ``(Nq, Nk, d)`` tensor is
-  built. Asked block by block (``bias_by_block``), ``W_R R`` is projected once per call.
+  built. Asked block by block (``bias_by_block``), ``W_R R`` is projected once per call, and
+  each block's gradient is formed by hand (``skewed``), not through the view's autograd.
 """
 
 from __future__ import annotations
@@ -72,6 +73,17 @@ def distance_index(
     lo, hi = (int(dist.min()), int(dist.max())) if dist.numel() else (0, 0)
     distances = torch.arange(lo, hi + 1, device=dist.device)  # (n,)
     return dist - lo, distances
+
+
+def skewed(grad: Tensor, n: int) -> Tensor:
+    """The gradient of ``(B, H, rows, n)`` scores through the relative shift: ``grad``'s entry
+    ``(i, j)`` placed at ``(rows - 1 - i) + j`` of row i, zeros elsewhere (the distances a row
+    does not read)."""
+    B, H, rows, _ = grad.shape
+    out = grad.new_zeros(B, H, rows, n)
+    strides = (out.stride(0), out.stride(1), n - 1, 1)
+    out.as_strided(grad.shape, strides, rows - 1).copy_(grad)
+    return out
 
 
 class TransformerXLRelative(PositionEncoding):
@@ -155,6 +167,24 @@ class TransformerXLRelative(PositionEncoding):
             v = self.v.to(q_b.dtype)[None, :, None, :]  # (1, H, 1, d)
             return self.with_content(self.read_distances(q_b + v, q_pos_b, k_pos_b, r, top), k_b)
 
+        def add_grads(d_bias, q_b, k_b, q_pos_b, k_pos_b, d_rows, d_keys) -> list[Tensor]:
+            # autograd would undo the relative shift through as_strided's backward, which zeroes
+            # and scatters the whole storage; here dS goes into the skewed layout by one copy
+            d_bias = d_bias * self.logit_scale()
+            first = top - int(q_pos_b[-1] - k_pos_b[0])
+            r_b = r.detach()[:, first : first + len(q_pos_b) + len(k_pos_b) - 1]  # (H, n, d)
+            d_scores = skewed(d_bias, r_b.shape[1])  # (B, H, rows, n)
+            qv = q_b + self.v.detach().to(q_b.dtype)[None, :, None, :]
+            d_qv = d_scores @ r_b  # (B, H, rows, d)
+            d_rows += d_qv
+            d_r = torch.zeros_like(r)
+            d_r[:, first : first + r_b.shape[1]] = (d_scores.transpose(-2, -1) @ qv).sum(0)
+            per_key = d_bias.sum(-2).unsqueeze(-1)  # (B, H, keys, 1): (c) is u . k_j per column
+            d_keys += per_key * self.u.detach().to(k_b.dtype)[None, :, None, :]
+            d_u = (per_key * k_b).sum((0, 2)).to(self.u.dtype)
+            return [d_r, d_u, d_qv.sum((0, 2)).to(self.v.dtype)]
+
+        block.add_grads = add_grads
         return block, [r, self.u, self.v], (q, k)
 
     def position_keys(self, distances: Tensor) -> Tensor:

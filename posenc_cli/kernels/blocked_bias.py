@@ -45,8 +45,9 @@ _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_bac
 
 # (the block's q, the keys it sees, their positions) -> bias (1|B, H, rows, keys); one that
 # reads content and whose pairs cost the same however its keys are cut sets ``tiles_freely``,
-# and one that knows its own gradient may give ``add_grads(d_bias, q_pos, k_pos, d_rows,
-# d_keys)``, which adds it into the two views in place (no autograd pass, no zeroed buffers)
+# and one that knows its own gradient may give ``add_grads(d_bias, rows, keys, q_pos, k_pos,
+# d_rows, d_keys)``: it adds the gradients of the rows and keys it read into those two views in
+# place and returns its leaves' (no autograd pass, no zeroed buffers of its intermediates)
 BiasOfBlock = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
@@ -221,9 +222,11 @@ class _BlockedBiasAttention(torch.autograd.Function):
             )  # fmt: skip
         elif learned or reads:  # the bias has a gradient to pass on
             read_grads = [torch.zeros_like(t) for t in read] or read_grads
+            # a block that knows its gradient gives every leaf's, so only when all are wanted
+            own = reads and hasattr(bias_of_block, "add_grads") and len(learned) == len(leaves)
             leaf_grads = _grads_through_bias(
                 (q, k, v, out, lse, q_pos, k_pos, grad_out), (dq, dk, dv), learned,
-                bias_of_block, scale, seen, block, (read, read_grads),
+                bias_of_block, scale, seen, block, (read, read_grads), own,
             )  # fmt: skip
         else:
             _flash_grads(
@@ -321,11 +324,14 @@ def skewed_sums(grad: Tensor) -> Tensor:
     return buffer.sum(1)
 
 
-def _grads_through_bias(tensors, grads, learned, bias_of_block, scale, seen, block, reading):
+def _grads_through_bias(
+    tensors, grads, learned, bias_of_block, scale, seen, block, reading, own=False
+):
     """dq, dk, dv and the learned leaves' gradients in one pass per block: the bias gradient dS
     is also what dq, dk and dv are made of. Returns the leaves' gradients. ``reading``: the two
     tensors a content-dependent bias reads the rows and the keys of, and their gradients to fill
-    (both lists empty for a content-free bias)."""
+    (both lists empty for a content-free bias). ``own``: the block's ``add_grads`` takes dS
+    wherever its keys are a range, in place of autograd."""
     q, k, v, out, lse, q_pos, k_pos, grad_out = tensors
     dq, dk, dv = grads
     (read_q, read_k), (d_read_q, d_read_k) = reading if reading[0] else ((q, k), (None, None))
@@ -340,17 +346,21 @@ def _grads_through_bias(tensors, grads, learned, bias_of_block, scale, seen, blo
         # built again by every tile: it takes the block whole, unless it says tiles cost nothing
         whole = reads and not getattr(bias_of_block, "tiles_freely", False)
         for keys in [block_keys] if whole else key_tiles(block_keys):
-            own = reads and _adds_own_grads(bias_of_block, keys, learned)
-            with torch.enable_grad():
+            by_hand = own and isinstance(keys, slice)  # a band's global keys are an index
+            parts_read = (read_q[:, :, rows], read_k[:, :, keys])
+            with torch.set_grad_enabled(not by_hand):
                 # a content-dependent bias is differentiated at this block's rows and keys
-                parts_read = (read_q[:, :, rows], read_k[:, :, keys])
-                q_in, k_in = (t.detach().requires_grad_(reads and not own) for t in parts_read)
+                q_in, k_in = (t.detach().requires_grad_(reads and not by_hand) for t in parts_read)
                 bias = masked_bias(bias_of_block, q_in, k_in, q_pos[rows], k_pos[keys], seen)
             d_score = _tile_backward(q_s, k, v, g_b, bias.detach(), lse_b, dot_b, keys, dk, dv)
             dq[:, :, rows] += torch.matmul(d_score, k[:, :, keys]).mul_(scale)
-            if own:  # hidden pairs have P = 0: d_score is already 0 where the mask went in
+            if by_hand:  # hidden pairs have P = 0: d_score is already 0 where the mask went in
                 into = (d_read_q[:, :, rows], d_read_k[:, :, keys])
-                bias_of_block.add_grads(d_score, q_pos[rows], k_pos[keys], *into)
+                parts = bias_of_block.add_grads(
+                    d_score, *parts_read, q_pos[rows], k_pos[keys], *into
+                )
+                for total, part in zip(leaf_grads, parts, strict=True):
+                    total += part
                 continue
             d_bias = reduce_to(d_score, bias.shape)  # a content-free bias is shared by the batch
             inputs = [q_in, k_in, *learned] if reads else learned
@@ -368,14 +378,6 @@ def _grads_through_bias(tensors, grads, learned, bias_of_block, scale, seen, blo
                 if part is not None:
                     total += part
     return leaf_grads
-
-
-def _adds_own_grads(bias_of_block: BiasOfBlock, keys: slice | Tensor, learned: list) -> bool:
-    """Whether a content-dependent block adds its read tensors' gradients itself
-    (``add_grads``): in place into the views of their rows and keys, which only a range of keys
-    has (a band's global keys beside its reach are an index), and only when it learns from
-    nothing else; otherwise autograd does it."""
-    return hasattr(bias_of_block, "add_grads") and isinstance(keys, slice) and not learned
 
 
 def blocked_bias_attention(
