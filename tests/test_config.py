@@ -57,6 +57,7 @@ SHIPPED = [
     "text/length-gen/reverse",
     "text/length-gen/sort",
     "text/length-gen/summation",
+    "text/length-gen/summation-long",
     "text/lm-adaptive",
     "text/lm-adaptive-shaw",
     "text/lm-extrapolation",
@@ -141,6 +142,7 @@ def test_every_shipped_recipe_but_the_base_extends_it():
             # and sparse attention studies are the LM study with their own keys
             parents = {
                 "text/length-gen/base": "../base.yaml",
+                "text/length-gen/summation-long": "summation.yaml",
                 "text/lm-linear": "lm-extrapolation.yaml",
                 "text/lm-sparse": "lm-extrapolation.yaml",
             }
@@ -179,6 +181,18 @@ def test_length_generalisation_recipes_share_one_protocol():
         assert recipe.sweep == {"encoding.name": ONE_D, "seed": [0, 1, 2]}
         assert max(recipe.eval.lengths) == 40 and 20 in recipe.eval.lengths
         assert recipe.train.stop_at == 0.99 and recipe.train.steps == 6000
+
+
+def test_the_long_summation_study_is_summation_with_three_times_the_cap():
+    long = load_recipe("text/length-gen/summation-long")
+    short = load_recipe("text/length-gen/summation")
+    assert (long.model, long.data, long.eval) == (short.model, short.data, short.eval)
+    assert dataclasses.replace(long.train, steps=6000) == short.train
+    assert long.train.steps == 18000
+    assert long.sweep == {
+        "encoding.name": ["none", "t5", "alibi", "rope", "learned", "sinusoidal"],
+        "seed": [0, 1, 2],
+    }
 
 
 def test_checkouts_fall_back_to_the_recipes_folder(monkeypatch):
