@@ -54,6 +54,7 @@ SHIPPED = [
     "text/length-gen/copy",
     "text/length-gen/copy-randomized",
     "text/length-gen/parity",
+    "text/length-gen/parity-long",
     "text/length-gen/reverse",
     "text/length-gen/sort",
     "text/length-gen/summation",
@@ -143,6 +144,7 @@ def test_every_shipped_recipe_but_the_base_extends_it():
             parents = {
                 "text/length-gen/base": "../base.yaml",
                 "text/length-gen/summation-long": "summation.yaml",
+                "text/length-gen/parity-long": "parity.yaml",
                 "text/lm-linear": "lm-extrapolation.yaml",
                 "text/lm-sparse": "lm-extrapolation.yaml",
             }
@@ -183,9 +185,10 @@ def test_length_generalisation_recipes_share_one_protocol():
         assert recipe.train.stop_at == 0.99 and recipe.train.steps == 6000
 
 
-def test_the_long_summation_study_is_summation_with_three_times_the_cap():
-    long = load_recipe("text/length-gen/summation-long")
-    short = load_recipe("text/length-gen/summation")
+@pytest.mark.parametrize("task", ["summation", "parity"])
+def test_the_long_studies_are_their_task_with_three_times_the_cap(task):
+    long = load_recipe(f"text/length-gen/{task}-long")
+    short = load_recipe(f"text/length-gen/{task}")
     assert (long.model, long.data, long.eval) == (short.model, short.data, short.eval)
     assert dataclasses.replace(long.train, steps=6000) == short.train
     assert long.train.steps == 18000
