@@ -280,6 +280,7 @@ def _grads_through_table(tensors, grads, table, scale, seen, block) -> None:
     block reversed to match its ``flipped`` view: the bias is read in place, and the table's
     gradient is the sum of ``dS`` along each diagonal, ``skewed_sums``."""
     q, k, v, out, lse, q_pos, k_pos, grad_out = tensors
+    k, v = _batch_contiguous(k, v)
     dq, dk, dv, d_table = grads
     row_dot = (grad_out * out).sum(-1, keepdim=True)  # (B, H, N, 1)
     for rows, block_keys in blocks(q_pos, k_pos, seen, block):
@@ -295,6 +296,14 @@ def _grads_through_table(tensors, grads, table, scale, seen, block) -> None:
             sums = skewed_sums(d_score)
             d_table[:, start : start + sums.shape[-1]] += sums
         dq[:, :, rows] = dq_b.mul_(scale).flip(-2)
+
+
+def _batch_contiguous(*tensors: Tensor) -> tuple[Tensor, ...]:
+    """``(B, H, N, d)`` tensors laid out batch and head first. The attention module's heads are a
+    view of ``(B, N, H, d)``, whose ``(B, H)`` cannot be one batch dimension of a matmul, so every
+    tile's slice of keys was copied again by each product it took part in (three per tile); one
+    copy per call instead."""
+    return tuple(t.contiguous() for t in tensors)
 
 
 def _tile_backward(q_s, k, v, g_b, bias, lse_b, dot_b, keys, dk, dv) -> Tensor:
@@ -335,6 +344,7 @@ def _grads_through_bias(
     q, k, v, out, lse, q_pos, k_pos, grad_out = tensors
     dq, dk, dv = grads
     (read_q, read_k), (d_read_q, d_read_k) = reading if reading[0] else ((q, k), (None, None))
+    k, v = _batch_contiguous(k, v)
     reads = d_read_q is not None
     leaf_grads = [torch.zeros_like(leaf) for leaf in learned]
     row_dot = (grad_out * out).sum(-1, keepdim=True)  # (B, H, N, 1)
