@@ -179,7 +179,14 @@ def test_causal_module_path_with_memory_matches_dense(monkeypatch):
 
 @pytest.mark.parametrize(
     "name, params",
-    [("xl", {}), ("deberta", {}), ("deberta", {"c2p": False}), ("deberta", {"p2c": False})],
+    [
+        ("xl", {}),
+        ("deberta", {}),
+        ("deberta", {"c2p": False}),
+        ("deberta", {"p2c": False}),
+        # log buckets and clipping inside 43 keys: the half tables' edge rows are read
+        ("deberta", {"position_buckets": 8, "max_relative_positions": 12}),
+    ],
 )
 @pytest.mark.parametrize("tile", [blocked_bias.KEY_TILE, 5])
 def test_content_dependent_terms_block_by_block_equal_the_dense_path(
@@ -225,6 +232,22 @@ def test_content_dependent_tables_are_projected_once_for_all_blocks(monkeypatch,
     route_blocked(monkeypatch, True)
     att(torch.randn(2, 37, 32, dtype=torch.float64)).sum().backward()
     assert len(calls) == (1 if name == "xl" else 2)
+
+
+@pytest.mark.parametrize("causal, widths", [(True, (8, 9)), (False, (16, 16))])
+def test_causal_deberta_multiplies_only_the_half_of_its_table_visible_pairs_read(causal, widths):
+    """Under a causal mask a visible pair has ``i - j >= 0``: c2p reads table rows k..2k-1 and
+    p2c rows 0..k, so q and k are multiplied by those rows alone (k = 8 here); without a mask,
+    by all 2k."""
+    torch.manual_seed(0)
+    enc = build_encoding(
+        "deberta", dim=32, heads=4, head_dim=8, causal=causal, position_buckets=8,
+        max_relative_positions=12,
+    )  # fmt: skip
+    q, k = torch.randn(2, 2, 4, 30, 8).unbind(0)
+    positions = torch.arange(30)
+    _, _, (c2p, p2c) = enc.bias_by_block(q, k, positions, positions, causal=causal)
+    assert (c2p.shape[-1], p2c.shape[-1]) == widths
 
 
 @pytest.mark.parametrize("name", ["xl", "deberta"])

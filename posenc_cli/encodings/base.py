@@ -128,13 +128,14 @@ class PositionEncoding(nn.Module):
     def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         return None
 
-    def bias_by_block(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor):
+    def bias_by_block(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, causal=False):
         """For a ``pairwise_content`` bias asked one block of queries at a time over these
         positions: ``block(rows, keys, q_pos_rows, k_pos_keys)`` giving that block's bias from
         the rows and keys of two tensors, the tensors with gradients it reads besides, and the
         two tensors. By default ``bias`` itself, the parameters, and q and k; an encoding that
         projects a table of positions, or multiplies q or k by one, does it here once for all
-        blocks."""
+        blocks. ``causal``: the kernel masks every key after its query, so the bias of those
+        pairs may be anything."""
         return self.bias, [p for p in self.parameters() if p.requires_grad], (q, k)
 
     def value(self, attn: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:

@@ -167,52 +167,75 @@ class DebertaDisentangled(PositionEncoding):
         c2p_rows, p2c_rows = self.per_bucket(q, k)
         return self.gathered(c2p_rows, p2c_rows, q_pos, k_pos)
 
-    def per_bucket(self, q: Tensor, k: Tensor) -> tuple[Tensor | None, Tensor | None]:
-        """``q @ K^r`` ``(B, H, Nq, 2k)`` and ``k @ Q^r`` ``(B, H, Nk, 2k)``: every query's c2p
-        and every key's p2c score at each table row (None for a term that is off)."""
-        c2p = q @ self.per_head(self.pos_key) if self.pos_key is not None else None
-        p2c = k @ self.per_head(self.pos_query) if self.pos_query is not None else None
+    def per_bucket(
+        self, q: Tensor, k: Tensor, causal: bool = False
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """``q @ K^r`` ``(B, H, Nq, 2k)`` and ``k @ Q^r`` ``(B, H, Nk, 2k)``, times the logit
+        scale (on q and k, cheaper than on the products): every query's c2p and every key's p2c
+        score at each table row (None for a term that is off). ``causal``: only the rows a pair
+        with the key at or before the query reads, c2p's upper half and p2c's lower half and
+        middle row (``rows_read``)."""
+        scale = self.logit_scale()
+        c2p = p2c = None
+        if self.pos_key is not None:
+            table = self.per_head(self.pos_key)  # (H, d, 2k)
+            c2p = (q * scale) @ (table[..., self.span :] if causal else table)
+        if self.pos_query is not None:
+            table = self.per_head(self.pos_query)
+            p2c = (k * scale) @ (table[..., : self.span + 1] if causal else table)
         return c2p, p2c
 
-    def gathered(self, c2p_rows, p2c_rows, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """c2p + p2c of every pair, scaled: each pair's table row picked from the scores."""
+    def rows_read(self, a_pos: Tensor, b_pos: Tensor, c2p: bool, causal: bool) -> Tensor:
+        """Which column of ``per_bucket``'s c2p (``a`` the queries) or p2c scores (``a`` the
+        keys) each pair reads, ``(Na, Nb)``. Under a causal mask the scores hold half the table:
+        a visible pair's ``i - j >= 0`` reads c2p rows ``k..2k-1`` and p2c rows ``0..k``; a
+        hidden pair is clamped into them, read, and masked."""
+        rows = self.relative(a_pos, b_pos)
+        if not causal:
+            return rows
+        return (rows - self.span).clamp(min=0) if c2p else rows.clamp(max=self.span)
+
+    def gathered(self, c2p_rows, p2c_rows, q_pos: Tensor, k_pos: Tensor, causal=False) -> Tensor:
+        """c2p + p2c of every pair (the scores already scaled), a new tensor: each pair's table
+        row picked from the scores."""
         score = None
         if c2p_rows is not None:
-            score = gather_buckets(c2p_rows, self.relative(q_pos, k_pos))  # (B, H, Nq, Nk)
+            score = gather_buckets(c2p_rows, self.rows_read(q_pos, k_pos, True, causal))
         if p2c_rows is not None:
-            by_key = gather_buckets(p2c_rows, self.relative(k_pos, q_pos))  # (B, H, Nk, Nq)
+            by_key = gather_buckets(p2c_rows, self.rows_read(k_pos, q_pos, False, causal))
             p2c = by_key.transpose(-2, -1)  # (B, H, Nq, Nk)
-            score = p2c if score is None else score + p2c
-        return score * self.logit_scale()
+            score = p2c if score is None else score.add_(p2c)
+        return score
 
-    def bias_by_block(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor):
+    def bias_by_block(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, causal=False):
         """The scores per table row once for all queries and keys (per block, a causal block of
         rows ending at key e multiplied all e keys by Q^r again, and both tables were projected
-        again, forward and backward): each block gathers from its rows and keys of them."""
-        c2p_rows, p2c_rows = self.per_bucket(q, k)
+        again, forward and backward): each block gathers from its rows and keys of them. Under a
+        causal mask, of only the half of the table visible pairs read."""
+        c2p_rows, p2c_rows = self.per_bucket(q, k, causal)
         # a term that is off reads nothing; q or k stands in for it, unread
         reads = (q if c2p_rows is None else c2p_rows, k if p2c_rows is None else p2c_rows)
         on = (c2p_rows is not None, p2c_rows is not None)
 
         def block(rows: Tensor, keys: Tensor, q_pos_b: Tensor, k_pos_b: Tensor) -> Tensor:
-            return self.gathered(rows if on[0] else None, keys if on[1] else None, q_pos_b, k_pos_b)
+            c2p, p2c = (rows if on[0] else None), (keys if on[1] else None)
+            return self.gathered(c2p, p2c, q_pos_b, k_pos_b, causal)
 
         def add_grads(d_bias: Tensor, _rows, _keys, q_pos_b, k_pos_b, d_rows, d_keys) -> list:
             # a gather's gradient is a scatter-add; made here straight into the kernel's
             # buffers, autograd would zero a (B, H, rows, 2k) tensor per term and tile first
-            d_bias = d_bias * self.logit_scale()
             if on[0]:
-                rows = self.relative(q_pos_b, k_pos_b).expand(d_bias.shape)
+                rows = self.rows_read(q_pos_b, k_pos_b, True, causal).expand(d_bias.shape)
                 d_rows.scatter_add_(-1, rows, d_bias)
             if on[1]:
                 by_key = d_bias.transpose(-2, -1)  # (B, H, keys, rows)
-                d_keys.scatter_add_(
-                    -1, self.relative(k_pos_b, q_pos_b).expand(by_key.shape), by_key
-                )
+                rows = self.rows_read(k_pos_b, q_pos_b, False, causal).expand(by_key.shape)
+                d_keys.scatter_add_(-1, rows, by_key)
             return []  # no leaves: the tables reach autograd through the two products
 
         block.tiles_freely = True  # a gather per pair: the kernel may cut a block's keys in tiles
         block.add_grads = add_grads
+        block.fresh = True  # a new tensor per call: the kernel may fold the mask in in place
         return block, [], reads
 
     def extra_repr(self) -> str:

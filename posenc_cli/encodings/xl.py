@@ -75,15 +75,26 @@ def distance_index(
     return dist - lo, distances
 
 
+def per_head_product(x: Tensor, r: Tensor) -> Tensor:
+    """``x @ r^T`` per head, ``(B, H, rows, d)`` by ``(H, n, d)`` -> ``(B, H, rows, n)``, laid out
+    head first. A broadcast matmul would copy ``r`` once per batch row (as large as the scores'
+    fifth at d = 64); one bmm over the heads with the batch's rows stacked copies only ``x``. The
+    last two dims are contiguous, which the relative shift's view needs."""
+    B, H, rows, d = x.shape
+    stacked = x.transpose(0, 1).reshape(H, B * rows, d)
+    return torch.bmm(stacked, r.transpose(-2, -1)).view(H, B, rows, -1).transpose(0, 1)
+
+
 def skewed(grad: Tensor, n: int) -> Tensor:
     """The gradient of ``(B, H, rows, n)`` scores through the relative shift: ``grad``'s entry
     ``(i, j)`` placed at ``(rows - 1 - i) + j`` of row i, zeros elsewhere (the distances a row
-    does not read)."""
+    does not read). Laid out head first, ``(H, B, rows, n)`` viewed as ``(B, H, rows, n)``, so the
+    products with the distances' keys are single bmms over the heads."""
     B, H, rows, _ = grad.shape
-    out = grad.new_zeros(B, H, rows, n)
-    strides = (out.stride(0), out.stride(1), n - 1, 1)
+    out = grad.new_zeros(H, B, rows, n)
+    strides = (out.stride(1), out.stride(0), n - 1, 1)
     out.as_strided(grad.shape, strides, rows - 1).copy_(grad)
-    return out
+    return out.transpose(0, 1)
 
 
 class TransformerXLRelative(PositionEncoding):
@@ -129,7 +140,7 @@ class TransformerXLRelative(PositionEncoding):
         rows step by ``n - 1`` elements. Future pairs read negative distances here (the gather
         reads 0); the causal mask removes them either way."""
         nq, nk = len(q_pos), len(k_pos)
-        scores = (qv @ r.transpose(-2, -1)).contiguous()  # (B, H, Nq, n)
+        scores = per_head_product(qv, r)  # (B, H, Nq, n), each (Nq, n) contiguous
         B, H, _, n = scores.shape
         return scores.as_strided(
             (B, H, nq, nk), (scores.stride(0), scores.stride(1), n - 1, 1),
@@ -153,38 +164,44 @@ class TransformerXLRelative(PositionEncoding):
             return self.shifted_position_term(qv, q_pos, k_pos, r[:, first : first + nq + nk - 1])
         dist = q_pos[:, None] - k_pos[None, :]  # (Nq, Nk)
         high, low = int(dist.max()), int(dist.min())
-        return gather_buckets(qv @ r[:, top - high : top - low + 1].transpose(-2, -1), high - dist)
+        return gather_buckets(per_head_product(qv, r[:, top - high : top - low + 1]), high - dist)
 
-    def bias_by_block(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor):
+    def bias_by_block(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, causal=False):
         """Over consecutive positions ``W_R R`` is projected once for all blocks (per block it
         cost a ``(n, D) @ (D, H d)`` product forward, again in the backward and for its
         gradient): each block reads its slice of the distances."""
         if self.clamp_len is not None or not (consecutive(q_pos) and consecutive(k_pos)):
-            return super().bias_by_block(q, k, q_pos, k_pos)
+            return super().bias_by_block(q, k, q_pos, k_pos, causal)
         r, top = self.falling_keys(q_pos, k_pos, q.dtype)
+        scale = self.logit_scale()
 
         def block(q_b: Tensor, k_b: Tensor, q_pos_b: Tensor, k_pos_b: Tensor) -> Tensor:
-            v = self.v.to(q_b.dtype)[None, :, None, :]  # (1, H, 1, d)
-            return self.with_content(self.read_distances(q_b + v, q_pos_b, k_pos_b, r, top), k_b)
+            qv = self.scaled_queries(q_b)
+            return self.with_content(self.read_distances(qv, q_pos_b, k_pos_b, r, top), k_b)
 
         def add_grads(d_bias, q_b, k_b, q_pos_b, k_pos_b, d_rows, d_keys) -> list[Tensor]:
             # autograd would undo the relative shift through as_strided's backward, which zeroes
-            # and scatters the whole storage; here dS goes into the skewed layout by one copy
-            d_bias = d_bias * self.logit_scale()
+            # and scatters the whole storage; here dS goes into the skewed layout by one copy.
+            # The logit scale goes on the (rows, d) and (n, d) products, not on every pair.
+            B, H, rows, d = q_b.shape
             first = top - int(q_pos_b[-1] - k_pos_b[0])
-            r_b = r.detach()[:, first : first + len(q_pos_b) + len(k_pos_b) - 1]  # (H, n, d)
-            d_scores = skewed(d_bias, r_b.shape[1])  # (B, H, rows, n)
-            qv = q_b + self.v.detach().to(q_b.dtype)[None, :, None, :]
-            d_qv = d_scores @ r_b  # (B, H, rows, d)
+            r_b = r.detach()[:, first : first + rows + len(k_pos_b) - 1]  # (H, n, d)
+            n = r_b.shape[1]
+            by_head = skewed(d_bias, n).transpose(0, 1).reshape(H, B * rows, n)  # a view
+            qv = (q_b + self.v.detach().to(q_b.dtype)[None, :, None, :]).transpose(0, 1)
+            d_qv = torch.bmm(by_head, r_b).mul_(scale).view(H, B, rows, d).transpose(0, 1)
             d_rows += d_qv
             d_r = torch.zeros_like(r)
-            d_r[:, first : first + r_b.shape[1]] = (d_scores.transpose(-2, -1) @ qv).sum(0)
-            per_key = d_bias.sum(-2).unsqueeze(-1)  # (B, H, keys, 1): (c) is u . k_j per column
+            d_r[:, first : first + n] = torch.bmm(
+                by_head.transpose(-2, -1), qv.reshape(H, B * rows, d)
+            ).mul_(scale)  # fmt: skip
+            per_key = d_bias.sum(-2).unsqueeze(-1) * scale  # (B, H, keys, 1): (c) is u . k_j
             d_keys += per_key * self.u.detach().to(k_b.dtype)[None, :, None, :]
             d_u = (per_key * k_b).sum((0, 2)).to(self.u.dtype)
             return [d_r, d_u, d_qv.sum((0, 2)).to(self.v.dtype)]
 
         block.add_grads = add_grads
+        block.fresh = True  # a new tensor per call: the kernel may fold the mask in in place
         return block, [r, self.u, self.v], (q, k)
 
     def position_keys(self, distances: Tensor) -> Tensor:
@@ -194,20 +211,25 @@ class TransformerXLRelative(PositionEncoding):
         return r.view(len(distances), self.heads, self.head_dim).transpose(0, 1)  # (H, n, d)
 
     def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        v = self.v.to(q.dtype)[None, :, None, :]  # (1, H, 1, d)
+        qv = self.scaled_queries(q)
         if self.clamp_len is None and consecutive(q_pos) and consecutive(k_pos):
             r, top = self.falling_keys(q_pos, k_pos, q.dtype)
-            position = self.read_distances(q + v, q_pos, k_pos, r, top)
+            position = self.read_distances(qv, q_pos, k_pos, r, top)
         else:
             ids, distances = distance_index(
                 q_pos, k_pos, causal=self.causal, clamp_len=self.clamp_len
             )
             r = self.position_keys(distances).to(q.dtype)  # (H, n, d)
-            position = gather_buckets((q + v) @ r.transpose(-2, -1), ids)  # (B, H, Nq, Nk)
+            position = gather_buckets(per_head_product(qv, r), ids)  # (B, H, Nq, Nk)
         return self.with_content(position, k)
 
+    def scaled_queries(self, q: Tensor) -> Tensor:
+        """``(q + v)`` times the logit scale, which is cheaper on ``(rows, d)`` than on every
+        pair: what the distances' keys are multiplied by for (b) + (d)."""
+        return (q + self.v.to(q.dtype)[None, :, None, :]) * self.logit_scale()
+
     def with_content(self, position: Tensor, k: Tensor) -> Tensor:
-        """(b) + (d), ``position``, plus (c), scaled."""
-        u = self.u.to(k.dtype)[None, :, None, :]  # (1, H, 1, d)
+        """(b) + (d), ``position``, already scaled, plus (c), scaled: a new tensor."""
+        u = self.u.to(k.dtype)[None, :, None, :] * self.logit_scale()  # (1, H, 1, d)
         content = (k @ u.transpose(-2, -1)).transpose(-2, -1)  # (c): (B, H, 1, Nk)
-        return (position + content) * self.logit_scale()
+        return position + content

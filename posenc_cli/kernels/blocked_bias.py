@@ -47,7 +47,8 @@ _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_bac
 # reads content and whose pairs cost the same however its keys are cut sets ``tiles_freely``,
 # and one that knows its own gradient may give ``add_grads(d_bias, rows, keys, q_pos, k_pos,
 # d_rows, d_keys)``: it adds the gradients of the rows and keys it read into those two views in
-# place and returns its leaves' (no autograd pass, no zeroed buffers of its intermediates)
+# place and returns its leaves' (no autograd pass, no zeroed buffers of its intermediates); one
+# whose every call returns a tensor of its own sets ``fresh``, and the mask goes into it in place
 BiasOfBlock = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
@@ -112,11 +113,16 @@ def masked_bias(
     seen: Visibility,
 ) -> Tensor:  # fmt: skip
     """The block's bias in q's dtype, the causal mask and the band folded in as the dtype's
-    lowest value."""
+    lowest value: in place where the block says its bias is a new tensor (``fresh``) and no
+    autograd graph runs through it, which saves a copy of every pair."""
     dtype = q.dtype
     bias = bias_of_block(q, k, q_pos, k_pos).to(dtype)
     hidden = seen.hidden(q_pos, k_pos)  # (rows, keys) or None
-    return bias if hidden is None else bias.masked_fill(hidden, torch.finfo(dtype).min)
+    if hidden is None:
+        return bias
+    own = getattr(bias_of_block, "fresh", False) and not torch.is_grad_enabled()
+    fill = bias.masked_fill_ if own else bias.masked_fill
+    return fill(hidden, torch.finfo(dtype).min)
 
 
 class DistanceTable:

@@ -283,7 +283,9 @@ class Attention(nn.Module):
             zeros = q.new_zeros(1, int(k_pos[-1] - q_pos[0]) - low + 1)
             bias_of_block, learned = blocked_bias.DistanceTable(zeros, low), []
         elif encoding.pairwise_content:
-            bias_of_block, learned, reads = encoding.bias_by_block(q, k, q_pos, k_pos)
+            bias_of_block, learned, reads = encoding.bias_by_block(
+                q, k, q_pos, k_pos, causal=self.causal
+            )
         elif encoding.toeplitz and dense_positions(k_pos):
             table, low = encoding.distance_table(q, q_pos, k_pos)
             bias_of_block = blocked_bias.DistanceTable(table, low)
