@@ -35,6 +35,14 @@ from posenc_cli.encodings.base import PositionEncoding, relative_positions
 from posenc_cli.errors import UsageError
 
 
+def per_pair(table: Tensor, index: Tensor) -> Tensor:
+    """``table[index]`` with the heads first, ``(n, H)`` by ``(...)`` ids -> ``(H, ...)``. One
+    ``index_select`` of the flat ids, whose backward is an index_add: indexing with the ids
+    tensor itself measured 6x slower forward and backward (its backward an accumulating
+    ``index_put``; 256 x 256 pairs, 8 heads, 33 pieces: 2.6 ms against 0.4 ms)."""
+    return table.T.index_select(1, index.flatten()).view(-1, *index.shape)
+
+
 class Fire(PositionEncoding):
     """A learned function of ``psi(i - j) / psi(max(L, i))`` per head."""
 
@@ -77,7 +85,7 @@ class Fire(PositionEncoding):
         if bool((rows <= threshold).all()):  # one normaliser: a function of the distance
             distinct = torch.arange(int(distance.max()) + 1, device=q.device).to(dtype)
             per_distance = self.mlp((self.psi(distinct) / self.psi(threshold))[:, None])  # (D, H)
-            return per_distance[distance].permute(2, 0, 1).unsqueeze(0)  # (1, H, Nq, Nk)
+            return per_pair(per_distance, distance).unsqueeze(0)  # (1, H, Nq, Nk)
         scale = self.psi(torch.maximum(rows, threshold))[:, None]  # (Nq, 1)
         ratio = self.psi(distance.to(dtype)) / scale  # (Nq, Nk)
         return self.piecewise(ratio).unsqueeze(0)
@@ -99,7 +107,7 @@ class Fire(PositionEncoding):
         slope = (on * w) @ second.weight.T  # (K + 1, H)
         intercept = (on * b) @ second.weight.T + second.bias  # (K + 1, H)
         piece = torch.bucketize(x.detach().contiguous(), knees)  # (...), in 0..K
-        return slope.T[:, piece] * x + intercept.T[:, piece]
+        return per_pair(slope, piece) * x + per_pair(intercept, piece)
 
     def score_mod(self, q: Tensor, q_pos: Tensor, k_pos: Tensor):
         """The same function, one pair at a time, for FlexAttention: the MLP's hidden units are
