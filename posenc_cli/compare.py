@@ -23,6 +23,19 @@ from posenc_cli.statistics import ALPHA, MOST_SEEDS, adjusted, ci95, paired, wel
 from posenc_cli.tasks import DEFAULT_KIND, TASKS, task_of
 
 LOWER_IS_BETTER = {"loss", "perplexity"}
+# what a metric can take: fractions, percentages, or anything from 0 up (loss, perplexity)
+PERCENT = {"top1", "top5", "AP", "AP50", "AP75", "APs", "APm", "APl"}
+FRACTION = {"token_accuracy", "exact_match"}
+
+
+def metric_range(metric: str) -> tuple[float, float]:
+    """The values ``metric`` can take; a t-based interval over few seeds can reach past them."""
+    if metric in FRACTION:
+        return 0.0, 1.0
+    if metric in PERCENT:
+        return 0.0, 100.0
+    return 0.0, float("inf")
+
 
 Run = tuple[str, dict[str, Any]]  # a run's folder name and its evaluation or divergence record
 

@@ -113,20 +113,31 @@ def save_figure(fig, out: Path) -> Path:
     return out
 
 
+def band(
+    means: list[float], half_widths: list[float], limits: tuple[float, float] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The lower and upper edges of ``means ± half_widths``, cut to the values the metric can
+    take (``limits``): with 3 seeds a t-based 95% interval of an exact match of 0.5 can span
+    -0.8 to 1.9, which the picture should not draw."""
+    means_a, half_a = np.asarray(means, dtype=float), np.asarray(half_widths, dtype=float)
+    low, high = limits or (-np.inf, np.inf)
+    return np.clip(means_a - half_a, low, high), np.clip(means_a + half_a, low, high)
+
+
 def save_length_curves(
     series: dict[str, tuple[list[int], list[float], list[float]]],
     metric: str,
     title: str,
     out: Path,
     trained: tuple[int, int] | None = None,
+    limits: tuple[float, float] | None = None,
 ) -> Path:
     """Metric against evaluated length, one line per encoding: the mean with a band of the
-    given half-widths (compare passes the 95% confidence interval)."""
+    given half-widths (compare passes the 95% confidence interval), cut to ``limits``."""
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
-    for label, (lengths, means, stds) in series.items():
-        means_a, stds_a = np.asarray(means), np.asarray(stds)
-        ax.plot(lengths, means_a, marker="o", label=label)
-        ax.fill_between(lengths, means_a - stds_a, means_a + stds_a, alpha=0.15)
+    for label, (lengths, means, half_widths) in series.items():
+        ax.plot(lengths, means, marker="o", label=label)
+        ax.fill_between(lengths, *band(means, half_widths, limits), alpha=0.15)
     if trained is not None:
         ax.axvspan(trained[0], trained[1], color="grey", alpha=0.12, label="trained lengths")
     ax.set_xscale("log", base=2)

@@ -217,3 +217,40 @@ def test_adjust_without_a_baseline_or_a_known_method_is_one_line(tmp_path, capsy
     code, out, err = run(capsys, "compare", str(tmp_path), *args)
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert "--adjust" in err and "holm, bh" in err
+
+
+def test_the_compare_picture_cuts_each_band_to_the_metrics_range(tmp_path, capsys, monkeypatch):
+    """Three seeds at 0, 1 and 0.5: the t-based 95% interval of the mean is 0.5 ± 1.24, far past
+    what an accuracy can be. The band drawn stops at 0 and 1; the table keeps the interval."""
+    import matplotlib.axes
+
+    write_runs(tmp_path / "runs", {"none": [0.0, 1.0, 0.5]})
+    drawn = []
+    real = matplotlib.axes.Axes.fill_between
+
+    def fill_between(self, x, low, high, **kw):
+        drawn.append((low, high))
+        return real(self, x, low, high, **kw)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "fill_between", fill_between)
+    out = tmp_path / "curves.png"
+    code, _, err = run(capsys, "compare", str(tmp_path / "runs"), "--out", str(out))
+    assert code == 0, err
+    assert out.stat().st_size > 0
+    [(low, high)] = drawn
+    assert list(low) == [0.0] and list(high) == [1.0]
+    assert 0.5 - ci95([0.0, 1.0, 0.5]) < 0 < 1 < 0.5 + ci95([0.0, 1.0, 0.5])
+
+
+def test_every_metric_has_the_range_of_its_scale():
+    from posenc_cli.compare import all_metrics, metric_range
+    from posenc_cli.plots import band
+
+    ranges = {metric: metric_range(metric) for metric in all_metrics()}
+    assert ranges["exact_match"] == ranges["token_accuracy"] == (0.0, 1.0)
+    assert ranges["top1"] == ranges["AP50"] == (0.0, 100.0)  # both in percent
+    assert ranges["loss"] == ranges["perplexity"] == (0.0, float("inf"))
+    low, high = band([0.2, 99.0], [0.5, 3.0], (0.0, 100.0))
+    assert list(low) == [0.0, 96.0] and list(high) == [0.7, 100.0]
+    low, high = band([0.2], [0.5])  # no limits: the interval as it is
+    assert list(low) == [pytest.approx(-0.3)] and list(high) == [0.7]

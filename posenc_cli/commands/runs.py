@@ -240,7 +240,7 @@ def compare_command(
     Example: posenc compare runs/extrapolation --baseline none --format md
     """
     from posenc_cli.commands.common import check_writable, written
-    from posenc_cli.compare import compare, metrics_of
+    from posenc_cli.compare import compare, metric_range, metrics_of
     from posenc_cli.statistics import ADJUSTMENTS
 
     check_png(out)
@@ -278,7 +278,7 @@ def compare_command(
         shade = trained.pop() if len(trained) == 1 else None  # shade only a range all runs share
         title = "posenc compare: " + ", ".join(map(str, runs))
         with written(out):
-            save_length_curves(series, metric, title, out, shade)
+            save_length_curves(series, metric, title, out, shade, metric_range(metric))
     show_comparison(result, metric, format)
     if out is not None and format is CompareFormat.table:
         console.print(f"wrote {out}")
