@@ -47,7 +47,8 @@ Efficiency: ``q @ K^r.T`` is computed once per table row, ``(B, H, Nq, 2k)``, an
 index; p2c likewise from ``k @ Q^r.T``, ``(B, H, Nk, 2k)``, gathered and transposed. No
 ``(Nq, Nk, d)`` tensor is built. Asked block by block (``bias_by_block``), both products are
 made once per call and each block gathers from its rows and keys of them, and scatters its
-gradient back into theirs by hand.
+gradient back into theirs by hand. Under a causal mask the products cover only the half of the
+table that pairs with the key at or before the query read.
 """
 
 from __future__ import annotations
