@@ -5,7 +5,7 @@ PIP := $(VENV)/bin/pip
 POSENC := $(VENV)/bin/posenc
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo bench bench-install clean
+.PHONY: install test lint demo bench bench-install report clean
 
 install: $(STAMP)
 
@@ -35,6 +35,13 @@ demo: install
 
 bench: install
 	$(PY) benchmarks/attention_overhead.py
+
+# The README's selection table (docs/report/) from the committed results files and profile: no
+# run directories needed, so a fresh clone rebuilds it in seconds.
+REPORT_STUDIES := docs/results/lm-extrapolation.json docs/results/length-gen/copy.json \
+	docs/results/mnist-resolution.json docs/results/deit-mnist.json
+report: install
+	$(POSENC) report $(REPORT_STUDIES) --profile docs/profile/profile.json --out docs/report
 
 # benchmarks/peers.py's extra (not needed by `make test`): x-transformers beside posenc. torch is
 # named on the same line so that pip keeps the pinned wheels instead of resolving its own.

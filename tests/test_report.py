@@ -4,7 +4,9 @@ code-size proxy on known source, the scenario verdicts, and the command's files 
 from __future__ import annotations
 
 import json
+import re
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +135,19 @@ def test_a_bad_profile_is_one_line(tmp_path, capsys, profile):
     code, _, err = run(capsys, "report", str(tmp_path / "copy"), "--profile",
                        str(tmp_path / "p.json"))  # fmt: skip
     assert code == 2 and "--profile" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_committed_report_is_rebuilt_from_the_committed_results():
+    """docs/report/ is what `make report` writes from the results files and the profile in the
+    repository, so a clone rebuilds the README's table without the run directories: every
+    study's numbers, every encoding's costs and the scenario verdicts come out as committed."""
+    root = Path(__file__).resolve().parents[1]
+    listed = re.search(r"REPORT_STUDIES := (.*?)\nreport:", (root / "Makefile").read_text(), re.S)
+    paths = [root / p for p in listed.group(1).replace("\\", " ").split()]
+    built = json.loads(json.dumps(build_report(paths, root / "docs/profile/profile.json")))
+    kept = json.loads((root / "docs/report/report.json").read_text())
+    assert [s["name"] for s in built["studies"]] == [s["name"] for s in kept["studies"]]
+    assert [r["encoding"] for r in built["encodings"]] == [r["encoding"] for r in kept["encodings"]]
+    for got, want in zip(built["encodings"], kept["encodings"], strict=True):
+        assert (got["studies"], got["cost"]) == (want["studies"], want["cost"]), got["encoding"]
+    assert [s["verdict"] for s in built["scenarios"]] == [s["verdict"] for s in kept["scenarios"]]
