@@ -246,3 +246,25 @@ def test_registry_and_errors():
         DebertaDisentangled(position_buckets=0, max_relative_positions=0)
     with pytest.raises(UsageError, match="c2p and p2c"):
         DebertaDisentangled(c2p=False, p2c=False)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{}, {"position_buckets": 8, "max_relative_positions": 12},
+     {"position_buckets": 0, "max_relative_positions": 5}],
+)  # fmt: skip
+def test_table_rows_looked_up_by_difference_equal_the_formula_pair_by_pair(params):
+    """delta(a, b) is a function of pos_a - pos_b: computed once per difference and looked up, it
+    equals the paper's formula applied to every pair, over consecutive, offset (keys longer than
+    queries) and sparse positions; sparse ones spread wider than the pairs take the formula."""
+    enc = build_encoding("deberta", dim=32, heads=4, head_dim=8, **params)
+    generator = torch.Generator().manual_seed(0)
+    sparse = [torch.randperm(10**6, generator=generator)[:n].sort().values for n in (40, 30)]
+    for a, b in [(torch.arange(300), torch.arange(300)), (torch.arange(20, 50), torch.arange(60)),
+                 tuple(sparse)]:  # fmt: skip
+        want = relative_index(
+            deberta_relative_positions(a, b, enc.position_buckets, enc.max_relative_positions),
+            enc.span,
+        )
+        assert torch.equal(enc.relative(a, b), want)
+        assert torch.equal(enc.relative(b, a), enc.rows_of(b, a))

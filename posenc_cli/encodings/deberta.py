@@ -154,7 +154,19 @@ class DebertaDisentangled(PositionEncoding):
         return table.permute(1, 2, 0)  # (H, d, 2k)
 
     def relative(self, a_pos: Tensor, b_pos: Tensor) -> Tensor:
-        """delta(a, b) for every pair: table rows ``(Na, Nb)``."""
+        """delta(a, b) for every pair: table rows ``(Na, Nb)``. A function of ``pos_a - pos_b``
+        alone, so the log bucket (float64 log and ceil) runs once per distinct difference and
+        each pair looks its difference up: per pair it took 150 ms at 2048 x 2048. Positions
+        spread wider than there are pairs (sparse ones) take the per-pair formula."""
+        low, high = int(a_pos.min() - b_pos.max()), int(a_pos.max() - b_pos.min())
+        if high - low + 1 > a_pos.numel() * b_pos.numel():
+            return self.rows_of(a_pos, b_pos)
+        differences = torch.arange(low, high + 1, device=a_pos.device)
+        per_difference = self.rows_of(differences, differences.new_zeros(1))[:, 0]  # (n,)
+        return per_difference[a_pos[:, None] - b_pos[None, :] - low]
+
+    def rows_of(self, a_pos: Tensor, b_pos: Tensor) -> Tensor:
+        """delta(a, b) by the paper's formula, pair by pair."""
         rel = deberta_relative_positions(
             a_pos, b_pos, self.position_buckets, self.max_relative_positions
         )
