@@ -163,7 +163,7 @@ class DebertaDisentangled(PositionEncoding):
             return self.rows_of(a_pos, b_pos)
         differences = torch.arange(low, high + 1, device=a_pos.device)
         per_difference = self.rows_of(differences, differences.new_zeros(1))[:, 0]  # (n,)
-        return per_difference[a_pos[:, None] - b_pos[None, :] - low]
+        return per_difference[(a_pos - low)[:, None] - b_pos[None, :]]  # low off the short side
 
     def rows_of(self, a_pos: Tensor, b_pos: Tensor) -> Tensor:
         """delta(a, b) by the paper's formula, pair by pair."""
