@@ -326,6 +326,38 @@ def test_block_is_pre_norm():
     assert block(x)[1] is None
 
 
+def test_padded_tokens_skip_the_mlp():
+    """Under a key mask the MLP runs on the real tokens only; a padded token keeps x + attn."""
+    torch.manual_seed(0)
+    block = TransformerBlock(DIM, 4, None, True, 2.0, 0.0).double().eval()
+    x = torch.randn(2, 6, DIM, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    mask = torch.tensor([[True] * 4 + [False] * 2, [True] * 6])
+    got, _ = block(x, key_mask=mask)
+    full, _ = block(x)
+    torch.testing.assert_close(got[mask], full[mask], **TIGHT)
+    attended = x + block.attn(block.norm1(x), key_mask=mask)
+    torch.testing.assert_close(got[~mask], attended[~mask], **TIGHT)
+
+
+@pytest.mark.parametrize("name", ["none", "t5", "rope", "cope"])
+def test_padding_changes_no_gradient(name):
+    """A right-padded LM batch trains as if the padding ran through the whole block: the loss on
+    real tokens and every parameter's gradient are those of the unmasked forward."""
+    x = tokens(3, 9)
+    mask = torch.arange(9)[None, :] < torch.tensor([[9], [5], [2]])
+
+    def grads(key_mask):
+        model = build(name, "lm")
+        logits = model(x, key_mask=key_mask).logits[mask]
+        logits.logsumexp(-1).sum().backward()
+        return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    masked, plain = grads(mask), grads(None)
+    assert masked.keys() == plain.keys()
+    for n in plain:
+        torch.testing.assert_close(masked[n], plain[n], **TIGHT, msg=n)
+
+
 def test_a_causal_only_encoding_is_refused_by_a_classifier():
     with pytest.raises(UsageError, match="xpos: defined for causal models only"):
         build("xpos", "classify")

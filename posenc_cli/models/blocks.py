@@ -92,6 +92,19 @@ class TransformerBlock(nn.Module):
             self.norm1(x), memory=context, key_mask=key_mask, offset=offset, positions=positions
         )
         out = x + self.drop(attended)
-        out = out + self.mlp(self.norm2(out))  # the MLP ends in its own dropout
+        out = self.feed_forward(out, key_mask if memory is None and mem_len == 0 else None)
         new_memory = next_memory(memory, x, mem_len) if mem_len > 0 else None
         return out, new_memory
+
+    def feed_forward(self, x: Tensor, key_mask: Tensor | None) -> Tensor:
+        """``x + mlp(LN(x))``, on the real tokens only when ``key_mask`` marks padding.
+
+        A padded token's state is never read: every attention hides it as a key, the loss ignores
+        it and pooling skips it. So it may keep its state unchanged, and a training batch of mixed
+        lengths (half padding on length generalisation tasks) skips the MLP's work on it."""
+        if key_mask is None:
+            return x + self.mlp(self.norm2(x))  # the MLP ends in its own dropout
+        B, N, D = x.shape
+        flat = x.reshape(B * N, D)
+        rows = key_mask.reshape(-1).nonzero().squeeze(1)
+        return flat.index_add(0, rows, self.mlp(self.norm2(flat[rows]))).view(B, N, D)
