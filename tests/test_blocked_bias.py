@@ -250,6 +250,24 @@ def test_causal_deberta_multiplies_only_the_half_of_its_table_visible_pairs_read
     assert (c2p.shape[-1], p2c.shape[-1]) == widths
 
 
+@pytest.mark.parametrize(
+    "causal, offset, widths", [(False, 0, (9, 9)), (True, 0, (5, 5)), (True, 100, (5, 5))]
+)
+def test_deberta_multiplies_only_the_table_rows_its_pairs_read(causal, offset, widths):
+    """5 tokens have distances -4..4: of v2's 512 rows (k = 256) they read 252..260, so q and k
+    are multiplied by those 9 (under a causal mask c2p's 256..260 and p2c's 252..256), wherever
+    the sequence starts; the bias equals the one gathered from the whole table."""
+    torch.manual_seed(0)
+    enc = build_encoding("deberta", dim=32, heads=4, head_dim=8, causal=causal).double()
+    q, k = torch.randn(2, 2, 4, 5, 8, dtype=torch.float64).unbind(0)
+    positions = torch.arange(5) + offset
+    _, _, (c2p, p2c) = enc.bias_by_block(q, k, positions, positions, causal=causal)
+    assert (c2p.shape[-1], p2c.shape[-1]) == widths
+    whole = (0, 2 * enc.span - 1)
+    want = enc.gathered(*enc.per_bucket(q, k, (whole, whole)), positions, positions, (whole,) * 2)
+    torch.testing.assert_close(enc.bias(q, k, positions, positions), want, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("name", ["xl", "deberta"])
 @pytest.mark.parametrize("frozen", [False, True])
 def test_blocks_add_their_own_gradients_unless_a_leaf_is_frozen(monkeypatch, name, frozen):

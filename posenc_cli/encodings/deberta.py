@@ -43,8 +43,9 @@ Deviations from the paper and the reference code (microsoft/DeBERTa, HF transfor
 - Keys longer than queries (memory, cache) use the true positions of both sides; the reference
   rebuilds a key-by-key matrix for p2c instead.
 
-Efficiency: ``q @ K^r.T`` is computed once per table row, ``(B, H, Nq, 2k)``, and gathered by
-index; p2c likewise from ``k @ Q^r.T``, ``(B, H, Nk, 2k)``, gathered and transposed. No
+Efficiency: ``q @ K^r.T`` is computed once per table row some pair reads (the rows between
+those of the extreme distances: 127 of v2's 512 at 64 tokens), ``(B, H, Nq, rows)``, and gathered
+by index; p2c likewise from ``k @ Q^r.T``, ``(B, H, Nk, rows)``, gathered and transposed. No
 ``(Nq, Nk, d)`` tensor is built. Asked block by block (``bias_by_block``), both products are
 made once per call and each block gathers from its rows and keys of them, and scatters its
 gradient back into theirs by hand. Under a causal mask the products cover only the half of the
@@ -177,45 +178,61 @@ class DebertaDisentangled(PositionEncoding):
         return self.relative(q_pos, k_pos), 2 * self.span
 
     def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
-        c2p_rows, p2c_rows = self.per_bucket(q, k)
-        return self.gathered(c2p_rows, p2c_rows, q_pos, k_pos)
+        windows = self.windows(q_pos, k_pos, causal=False)
+        c2p_rows, p2c_rows = self.per_bucket(q, k, windows)
+        return self.gathered(c2p_rows, p2c_rows, q_pos, k_pos, windows)
+
+    def window(self, a_pos: Tensor, b_pos: Tensor, c2p: bool, causal: bool) -> tuple[int, int]:
+        """The first and last table row a pair of ``a_pos`` and ``b_pos`` can read (``a`` the
+        queries for c2p, the keys for p2c). delta grows with ``pos_a - pos_b``, so the rows of
+        the two extreme differences bound every pair's: 64 tokens read 127 of DeBERTa-v2's 512
+        rows. Under a causal mask a visible pair has ``i - j >= 0`` and reads c2p rows k..2k-1,
+        p2c rows 0..k; a hidden pair is clamped into the window, read, and masked."""
+        ends = torch.stack([a_pos.min() - b_pos.max(), a_pos.max() - b_pos.min()])
+        first, last = self.rows_of(ends, ends.new_zeros(1))[:, 0].tolist()
+        if causal and c2p:
+            first = max(first, self.span)
+        elif causal:
+            last = min(last, self.span)
+        return first, max(first, last)
+
+    def windows(self, q_pos: Tensor, k_pos: Tensor, causal: bool) -> tuple[tuple[int, int], ...]:
+        """The c2p and p2c windows of these queries and keys."""
+        return self.window(q_pos, k_pos, True, causal), self.window(k_pos, q_pos, False, causal)
 
     def per_bucket(
-        self, q: Tensor, k: Tensor, causal: bool = False
+        self, q: Tensor, k: Tensor, windows: tuple[tuple[int, int], ...]
     ) -> tuple[Tensor | None, Tensor | None]:
-        """``q @ K^r`` ``(B, H, Nq, 2k)`` and ``k @ Q^r`` ``(B, H, Nk, 2k)``, times the logit
-        scale (on q and k, cheaper than on the products): every query's c2p and every key's p2c
-        score at each table row (None for a term that is off). ``causal``: only the rows a pair
-        with the key at or before the query reads, c2p's upper half and p2c's lower half and
-        middle row (``rows_read``)."""
+        """``q @ K^r`` ``(B, H, Nq, w)`` and ``k @ Q^r`` ``(B, H, Nk, w')`` over the table rows of
+        each term's window, times the logit scale (on q and k, cheaper than on the products):
+        every query's c2p and every key's p2c score at each row a pair can read (None for a term
+        that is off)."""
         scale = self.logit_scale()
+        (c_first, c_last), (p_first, p_last) = windows
         c2p = p2c = None
         if self.pos_key is not None:
             table = self.per_head(self.pos_key)  # (H, d, 2k)
-            c2p = (q * scale) @ (table[..., self.span :] if causal else table)
+            c2p = (q * scale) @ table[..., c_first : c_last + 1]
         if self.pos_query is not None:
             table = self.per_head(self.pos_query)
-            p2c = (k * scale) @ (table[..., : self.span + 1] if causal else table)
+            p2c = (k * scale) @ table[..., p_first : p_last + 1]
         return c2p, p2c
 
-    def rows_read(self, a_pos: Tensor, b_pos: Tensor, c2p: bool, causal: bool) -> Tensor:
+    def rows_read(self, a_pos: Tensor, b_pos: Tensor, window: tuple[int, int]) -> Tensor:
         """Which column of ``per_bucket``'s c2p (``a`` the queries) or p2c scores (``a`` the
-        keys) each pair reads, ``(Na, Nb)``. Under a causal mask the scores hold half the table:
-        a visible pair's ``i - j >= 0`` reads c2p rows ``k..2k-1`` and p2c rows ``0..k``; a
-        hidden pair is clamped into them, read, and masked."""
-        rows = self.relative(a_pos, b_pos)
-        if not causal:
-            return rows
-        return (rows - self.span).clamp(min=0) if c2p else rows.clamp(max=self.span)
+        keys) each pair reads, ``(Na, Nb)``: its table row, clamped into ``window`` (only a
+        hidden pair of a causal window lies outside it) and counted from the window's start."""
+        first, last = window
+        return self.relative(a_pos, b_pos).clamp(first, last) - first
 
-    def gathered(self, c2p_rows, p2c_rows, q_pos: Tensor, k_pos: Tensor, causal=False) -> Tensor:
+    def gathered(self, c2p_rows, p2c_rows, q_pos: Tensor, k_pos: Tensor, windows) -> Tensor:
         """c2p + p2c of every pair (the scores already scaled), a new tensor: each pair's table
         row picked from the scores."""
         score = None
         if c2p_rows is not None:
-            score = gather_buckets(c2p_rows, self.rows_read(q_pos, k_pos, True, causal))
+            score = gather_buckets(c2p_rows, self.rows_read(q_pos, k_pos, windows[0]))
         if p2c_rows is not None:
-            by_key = gather_buckets(p2c_rows, self.rows_read(k_pos, q_pos, False, causal))
+            by_key = gather_buckets(p2c_rows, self.rows_read(k_pos, q_pos, windows[1]))
             p2c = by_key.transpose(-2, -1)  # (B, H, Nq, Nk)
             score = p2c if score is None else score.add_(p2c)
         return score
@@ -225,24 +242,25 @@ class DebertaDisentangled(PositionEncoding):
         rows ending at key e multiplied all e keys by Q^r again, and both tables were projected
         again, forward and backward): each block gathers from its rows and keys of them. Under a
         causal mask, of only the half of the table visible pairs read."""
-        c2p_rows, p2c_rows = self.per_bucket(q, k, causal)
+        windows = self.windows(q_pos, k_pos, causal)
+        c2p_rows, p2c_rows = self.per_bucket(q, k, windows)
         # a term that is off reads nothing; q or k stands in for it, unread
         reads = (q if c2p_rows is None else c2p_rows, k if p2c_rows is None else p2c_rows)
         on = (c2p_rows is not None, p2c_rows is not None)
 
         def block(rows: Tensor, keys: Tensor, q_pos_b: Tensor, k_pos_b: Tensor) -> Tensor:
             c2p, p2c = (rows if on[0] else None), (keys if on[1] else None)
-            return self.gathered(c2p, p2c, q_pos_b, k_pos_b, causal)
+            return self.gathered(c2p, p2c, q_pos_b, k_pos_b, windows)
 
         def add_grads(d_bias: Tensor, _rows, _keys, q_pos_b, k_pos_b, d_rows, d_keys) -> list:
             # a gather's gradient is a scatter-add; made here straight into the kernel's
             # buffers, autograd would zero a (B, H, rows, 2k) tensor per term and tile first
             if on[0]:
-                rows = self.rows_read(q_pos_b, k_pos_b, True, causal).expand(d_bias.shape)
+                rows = self.rows_read(q_pos_b, k_pos_b, windows[0]).expand(d_bias.shape)
                 d_rows.scatter_add_(-1, rows, d_bias)
             if on[1]:
                 by_key = d_bias.transpose(-2, -1)  # (B, H, keys, rows)
-                rows = self.rows_read(k_pos_b, q_pos_b, False, causal).expand(by_key.shape)
+                rows = self.rows_read(k_pos_b, q_pos_b, windows[1]).expand(by_key.shape)
                 d_keys.scatter_add_(-1, rows, by_key)
             return []  # no leaves: the tables reach autograd through the two products
 
