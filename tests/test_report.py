@@ -107,7 +107,7 @@ def f(x):
     assert attention_path(encoding_class("rope")) == "fused"
     assert attention_path(encoding_class("sandwich")) == "blocked"  # content-free, block by block
     assert attention_path(encoding_class("alibi")) == "blocked"  # its distance table as a view
-    assert attention_path(encoding_class("cope")) == "bias"  # a dense content-dependent term
+    assert attention_path(encoding_class("cope")) == "own"  # blocks of its own, by hand
     assert attention_path(encoding_class("fox")) == "own"  # rides inside SDPA's causal kernel
     assert attention_path(encoding_class("shaw")) == "own"  # a value term
 

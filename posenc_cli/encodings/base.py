@@ -160,9 +160,10 @@ class PositionEncoding(nn.Module):
 
     def attend(
         self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor, scale: float,
-        causal: bool,
+        causal: bool, key_mask: Tensor | None = None,
     ) -> Tensor | None:  # fmt: skip
-        """``(B, H, Nq, d)`` attention output computed by the encoding itself, or None."""
+        """``(B, H, Nq, d)`` attention output computed by the encoding itself, or None;
+        ``key_mask`` (B, Nk) True at real keys, or None."""
         return None
 
     def window_bias(self, q: Tensor, k: Tensor, offsets: Tensor, keys: Tensor) -> Tensor | None:

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from posenc_cli.encodings.base import PositionEncoding
 from posenc_cli.errors import UsageError
+from posenc_cli.kernels.cope_attention import cope_attention
 from posenc_cli.kernels.positions import consecutive
 
 
@@ -53,6 +54,19 @@ class CoPE(PositionEncoding):
 
     def extra_repr(self) -> str:
         return f"npos_max={self.npos_max}, heads={self.heads}"
+
+    def attend(self, q, k, v, q_pos, k_pos, scale, causal, key_mask=None) -> Tensor | None:
+        """The whole causal attention in blocks of query rows, forward and backward by hand
+        (``kernels/cope_attention.py``): the scores made once for gate and logit, memory linear
+        in N. Over consecutive positions, with every query seeing a real key (the first key
+        real, as right padding leaves it); else the attention module's paths."""
+        same_scale = scale == self.logit_scale()  # the gates read the logits' own scores
+        if not (same_scale and consecutive(k_pos)) or q.dtype not in (torch.float32, torch.float64):
+            return None
+        if key_mask is not None and not bool(key_mask[:, 0].all()):
+            return None
+        table = self.table.to(q.dtype)
+        return cope_attention(q, k, v, table, scale, key_mask)
 
     def positions(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """The fractional positions ``p_ij`` ``(B, H, Nq, Nk)``, capped (0 for later keys)."""

@@ -55,7 +55,7 @@ class ForgettingGate(PositionEncoding):
         log_f = F.logsigmoid((k * w[None, :, None, :]).sum(-1) + b[None, :, None])  # (B, H, Nk)
         return log_f.cumsum(-1)
 
-    def attend(self, q, k, v, q_pos, k_pos, scale, causal) -> Tensor | None:
+    def attend(self, q, k, v, q_pos, k_pos, scale, causal, key_mask=None) -> Tensor | None:
         """``c_i - c_j``: the ``c_i`` of the query is one constant per softmax row, which softmax
         ignores, so only ``-c_j``, one number per key, is left. Carried as one more channel of
         q (``1 / scale``) and k (``-c_j``), the whole bias rides inside SDPA's own causal kernel:
@@ -63,7 +63,8 @@ class ForgettingGate(PositionEncoding):
         logits (``|c|`` grows about linearly with N). Square self-attention only: SDPA's
         ``is_causal`` aligns the mask top-left, which is wrong once keys outnumber queries."""
         if (
-            not causal
+            key_mask is not None
+            or not causal
             or q.shape[-2] != k.shape[-2]
             or q.dtype not in (torch.float32, torch.float64)
         ):

@@ -417,13 +417,15 @@ class ImageRPE(PositionEncoding):
             total = total + term
         return total
 
-    def attend(self, q, k, v, q_pos, k_pos, scale, causal) -> Tensor | None:
+    def attend(self, q, k, v, q_pos, k_pos, scale, causal, key_mask=None) -> Tensor | None:
         """Contextual terms on the explicit path with a hand-written backward
         (``kernels/bucket_attention.py``), up to the size where the explicit path pays; bias
         mode, soft reads, and larger inputs without a value term, take the attention module's
         paths."""
         small = q.shape[-2] * k.shape[-2] <= EXPLICIT_MAX_PAIRS
-        if self.mode != "contextual" or causal or self.soft or not (small or self.uses_value):
+        if key_mask is not None or self.mode != "contextual" or causal or self.soft:
+            return None
+        if not (small or self.uses_value):
             return None
         ids = self.pair_bucket_ids(q_pos, k_pos) if "k" in self.on or "v" in self.on else []
         rows = cols = values = []

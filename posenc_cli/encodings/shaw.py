@@ -164,9 +164,9 @@ class ShawRelative(PositionEncoding):
             weight = weight + sum_per_bucket(attn * w, hi, self.num_buckets)
         return weight @ self.value_table  # (B, H, Nq, d)
 
-    def attend(self, q, k, v, q_pos, k_pos, scale, causal) -> Tensor | None:
+    def attend(self, q, k, v, q_pos, k_pos, scale, causal, key_mask=None) -> Tensor | None:
         large = q.shape[-2] * k.shape[-2] > clipped_attention.MIN_PAIRS
-        if not (large and clipped_attention.applies(q, k_pos)):
+        if key_mask is not None or not (large and clipped_attention.applies(q, k_pos)):
             return None
         if self.rescale and adaptive.stretches(q_pos, k_pos, not self.causal, self.train_length):
             return None  # the stretched rows are not the clipped kernel's

@@ -303,12 +303,12 @@ class T5Bias(PositionEncoding):
     def buckets(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, int]:
         return self.bucket_ids(q_pos, k_pos), self.num_buckets
 
-    def attend(self, q, k, v, q_pos, k_pos, scale, causal) -> Tensor | None:
+    def attend(self, q, k, v, q_pos, k_pos, scale, causal, key_mask=None) -> Tensor | None:
         """Past a distance K the bucket stops changing, so on long inputs the far keys go through
         the flash kernel (``kernels/clipped_attention.py``) and only a band of ``2K + 128`` keys
         per 128 queries is computed explicitly. Not for learned breakpoints, nor where the range
         is stretched: there the buckets are not the precomputed band's."""
-        if self.learned or self.stretched(q_pos, k_pos):
+        if key_mask is not None or self.learned or self.stretched(q_pos, k_pos):
             return None
         viewable = self.toeplitz and consecutive(q_pos) and consecutive(k_pos)
         if not torch.is_grad_enabled() and viewable:
