@@ -93,3 +93,12 @@ def test_the_attention_module_takes_it_and_falls_back_where_it_does_not_serve(mo
     assert len(calls) == 1
     monkeypatch.setattr(type(attn.encoding), "attend", lambda *a, **kw: None)
     torch.testing.assert_close(fast, attn(x, key_mask=right), **TIGHT)
+
+
+def test_without_gradients_it_keeps_nothing_and_gives_the_same_output():
+    enc = cope()
+    q, k, v = inputs(9, 9, seed=3)
+    with torch.no_grad():
+        got = kernel.cope_attention(q, k, v, enc.table, enc.logit_scale())
+        torch.testing.assert_close(got, dense(enc, q, k, v), **TIGHT)
+    assert got.grad_fn is None

@@ -5,14 +5,15 @@ scaled ``q . k`` as the logits. Everything a query needs lies in its own row, so
 query rows is computed whole and on its own: the scores once (gate and logit alike), the
 gates, their running sum, the fractional positions, the table term ``q . e[p]`` blended between
 two entries of ``z = q e^T``, and the softmax. Under the causal mask a block of rows ``[s, t)``
-sees keys up to its last query only (the staircase), and only the output and the logsumexp are
-kept, so memory grows linearly in N; the backward computes each block again and takes its
-gradients from the formulas, with ``p_ij = C_ii - C_ij + g_ij`` (C the running sum over keys):
+sees keys up to its last query only (the staircase). Past ``KEEP_PAIRS`` only the output is kept,
+so memory grows linearly in N, and the backward computes each block again; below, the forward
+keeps each block's terms. The gradients, with ``p_ij = C_ii - C_ij + g_ij`` (C the running sum
+of the gates over keys) and the table term ``z[floor p] + frac * step[floor p]``:
 
     dL = P * (dO v^T - rowsum(dO * O))             the logits' gradient (= the bias's)
-    dz[floor p] += dL (1 - frac),  dz[floor p + 1] += dL frac
-    dp = dL * (z[floor p + 1] - z[floor p])        0 where p was capped
-    dg_it = sum_{j <= t} dp_ij  (t up to the query: a running sum of dp)
+    dz[floor p] += dL,  dstep[floor p] += dL frac,  step_m = z_{m+1} - z_m
+    dp = dL * step[floor p]                        0 at the cap, where the count was clamped
+    dg_it = sum_{j <= t} dp_ij  (t up to the query: a running sum of dp along the row)
     ds = dL + dg * g (1 - g);  dq = scale ds k + dz e;  dk = scale ds^T q;  de = dz^T q
 
 The autograd form (``encodings/cope.py``'s bias on the attention module's paths) made the scores
@@ -69,27 +70,32 @@ def _block(q: Tensor, k: Tensor, table: Tensor, scale: float, first: int, key_ok
     return _Block(logits, gates, frac, index, slope)
 
 
+def _attend(q, k, v, table, scale, key_ok, keep: bool) -> tuple[Tensor, list[_Block]]:
+    """The output, block by block, and (``keep``) each block's terms with the softmax in place
+    of the logits."""
+    N = q.shape[-2]
+    offset = k.shape[-2] - N  # the queries are the last keys
+    outs, kept = [], []
+    for s in range(0, N, ROWS):
+        e = min(N, s + ROWS) + offset
+        ok = None if key_ok is None else key_ok[:, :e]
+        block = _block(q[:, :, s : s + ROWS], k[:, :, :e], table, scale, s + offset, ok)
+        # softmax, not exp(logits - logsumexp): exp of the masked pairs' minimum (or of
+        # anything under -87 in float32) leaves the vectorised path, 6x slower here
+        prob = block.logits.softmax(-1)
+        outs.append(torch.matmul(prob, v[:, :, :e]))
+        if keep:
+            kept.append(block._replace(logits=prob))
+    return (torch.cat(outs, dim=-2) if len(outs) > 1 else outs[0]), kept
+
+
 class _CopeAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, table, scale, key_ok):
-        N = q.shape[-2]
-        offset = k.shape[-2] - N  # the queries are the last keys
-        step = ROWS
-        keep = q.shape[0] * q.shape[1] * N * k.shape[-2] <= KEEP_PAIRS
-        outs, ctx.kept = [], []
-        for s in range(0, N, step):
-            e = min(N, s + step) + offset
-            ok = None if key_ok is None else key_ok[:, :e]
-            block = _block(q[:, :, s : s + step], k[:, :, :e], table, scale, s + offset, ok)
-            # softmax, not exp(logits - logsumexp): exp of the masked pairs' minimum (or of
-            # anything under -87 in float32) leaves the vectorised path, 6x slower here
-            prob = block.logits.softmax(-1)
-            outs.append(torch.matmul(prob, v[:, :, :e]))
-            if keep:
-                ctx.kept.append(block._replace(logits=prob))
-        out = torch.cat(outs, dim=-2) if len(outs) > 1 else outs[0]
+        keep = q.shape[0] * q.shape[1] * q.shape[-2] * k.shape[-2] <= KEEP_PAIRS
+        out, ctx.kept = _attend(q, k, v, table, scale, key_ok, keep)
         ctx.save_for_backward(q, k, v, table, out, key_ok)
-        ctx.scale, ctx.step = scale, step
+        ctx.scale, ctx.step = scale, ROWS
         return out
 
     @staticmethod
@@ -141,4 +147,6 @@ def cope_attention(
     ``Nk`` keys: ``q`` (B, H, Nq, d), ``k`` and ``v`` (B, H, Nk, d), ``table`` (H, npos, d),
     ``key_mask`` (B, Nk) True at real keys. Every query must see a real key: with the first
     key real (right padding) it always does."""
-    return _CopeAttention.apply(q, k, v, table, scale, key_mask)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, table)):
+        return _CopeAttention.apply(q, k, v, table, scale, key_mask)
+    return _attend(q, k, v, table, scale, key_mask, keep=False)[0]
