@@ -482,3 +482,14 @@ def test_t5_without_gradients_reads_its_table_as_a_view(monkeypatch):
         slow = att(x)
     assert viewed
     torch.testing.assert_close(fast, slow, rtol=0, atol=1e-12)
+
+
+def test_weights_below_float32s_normal_range_are_floored_not_lost():
+    """exp of a masked pair's minimum would leave the vectorised path; the weights are floored at
+    exp(-87) instead, 1.6e-38, and every weight above that is exp itself."""
+    from posenc_cli.kernels.biased_sdpa import probabilities_
+
+    shifted = torch.tensor([0.0, -3.5, -87.0, -100.0, torch.finfo(torch.float32).min])
+    got = probabilities_(shifted.clone())
+    torch.testing.assert_close(got[:3], shifted[:3].exp(), atol=0, rtol=0)
+    assert (got[3:] == got[2]).all() and got[2] < 1.7e-38

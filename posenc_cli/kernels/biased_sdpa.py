@@ -31,6 +31,18 @@ CHUNK_ELEMENTS = 1 << 22  # about 16 MB of float32 per (B, H, chunk, Nk) interme
 EXPLICIT_MAX_PAIRS = 384 * 384
 
 
+# exp of anything under about -87.3 (the log of float32's smallest normal number) leaves the
+# vectorised path: over a tile of (4, 8, 256, 256) with the causal half masked at the dtype's
+# minimum, 4.3 ms against 0.84 ms. Clamped there first, such a weight comes out as 1.6e-38
+# instead of 0 or a subnormal, below anything a float32 sum of weights can see.
+UNDERFLOW = -87.0
+
+
+def probabilities_(shifted: Tensor) -> Tensor:
+    """``exp`` in place of logits less their logsumexp: the softmax weights."""
+    return shifted.clamp_(min=UNDERFLOW).exp_()
+
+
 def reduce_to(grad: Tensor, shape: torch.Size) -> Tensor:
     """Sum a broadcast gradient back to the shape of the tensor that was broadcast."""
     dims = [i for i, (g, s) in enumerate(zip(grad.shape, shape, strict=True)) if s == 1 and g != 1]
@@ -71,7 +83,7 @@ class _FlashBiasAttention(torch.autograd.Function):
             rows = slice(s, s + step)
             # in place where possible: these (B, H, c, Nk) blocks are the whole cost
             prob = torch.matmul(q[:, :, rows], k_t).mul_(scale)
-            prob.add_(full[:, :, rows]).sub_(lse[:, :, rows, None]).exp_()
+            probabilities_(prob.add_(full[:, :, rows]).sub_(lse[:, :, rows, None]))
             dv.add_(torch.matmul(prob.transpose(-2, -1), grad_out[:, :, rows]))
             dscore = torch.matmul(grad_out[:, :, rows], v_t)
             dscore.sub_(row_dot[:, :, rows]).mul_(prob)  # (B, H, c, Nk)

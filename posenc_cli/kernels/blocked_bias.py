@@ -29,7 +29,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from posenc_cli.kernels.biased_sdpa import reduce_to
+from posenc_cli.kernels.biased_sdpa import probabilities_, reduce_to
 from posenc_cli.kernels.grid_bias import GridTable
 from posenc_cli.kernels.positions import consecutive
 from posenc_cli.kernels.visibility import Band, Visibility
@@ -318,7 +318,7 @@ def _tile_backward(q_s, k, v, g_b, bias, lse_b, dot_b, keys, dk, dv) -> Tensor:
     tile's share to dv and dk, and returns dS, ``(B, H, rows, keys)``, for dq and the bias."""
     k_b, v_b = k[:, :, keys], v[:, :, keys]
     prob = torch.matmul(q_s, k_b.transpose(-2, -1))
-    prob.add_(bias).sub_(lse_b).exp_()
+    probabilities_(prob.add_(bias).sub_(lse_b))
     dv[:, :, keys] += torch.matmul(prob.transpose(-2, -1), g_b)
     d_score = torch.matmul(g_b, v_b.transpose(-2, -1))
     d_score.sub_(dot_b).mul_(prob)

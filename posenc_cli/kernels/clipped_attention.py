@@ -43,7 +43,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from posenc_cli.kernels.biased_sdpa import reduce_to
+from posenc_cli.kernels.biased_sdpa import probabilities_, reduce_to
 from posenc_cli.kernels.buckets import gather_buckets, sum_per_bucket
 from posenc_cli.kernels.positions import consecutive
 
@@ -358,7 +358,7 @@ def _near_backward(blk, scaled_q, k, v, grad_out, lse, row_dot, term, value_tabl
     rows, near = blk.rows, blk.near
     shape = _near_shape(blk, scaled_q)
     prob = _near_logits(blk, scaled_q, k, term, grads.scratch.take(0, shape))
-    prob.sub_(lse[:, :, rows, None]).exp_()  # the true weights
+    probabilities_(prob.sub_(lse[:, :, rows, None]))  # the true weights
     grad = grad_out[:, :, rows]
     d_logits = grads.scratch.take(1, shape)  # first d_prob
     torch.matmul(grad, v[:, :, near].transpose(-2, -1), out=d_logits)
