@@ -88,6 +88,8 @@ def test_the_attention_module_takes_it_and_falls_back_where_it_does_not_serve(mo
     right = torch.arange(9)[None, :] < torch.tensor([[9], [6]])
     fast = attn(x, key_mask=right)
     assert len(calls) == 1
+    torch.testing.assert_close(attn(x, key_mask=right.long()), fast, **TIGHT)  # 0/1 alike
+    calls.pop()
     attn(x, key_mask=right.flip(-1))
     attn(x, positions=torch.arange(9) * 2)
     assert len(calls) == 1

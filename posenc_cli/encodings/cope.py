@@ -63,8 +63,10 @@ class CoPE(PositionEncoding):
         same_scale = scale == self.logit_scale()  # the gates read the logits' own scores
         if not (same_scale and consecutive(k_pos)) or q.dtype not in (torch.float32, torch.float64):
             return None
-        if key_mask is not None and not bool(key_mask[:, 0].all()):
-            return None
+        if key_mask is not None:
+            key_mask = key_mask.bool()
+            if not bool(key_mask[:, 0].all()):
+                return None
         table = self.table.to(q.dtype)
         return cope_attention(q, k, v, table, scale, key_mask)
 
