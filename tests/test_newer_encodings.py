@@ -364,3 +364,27 @@ def test_fox_rides_inside_the_causal_kernel_with_the_dense_result():
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-11)
     assert enc.attend(q[:, :, 10:], k, v, pos[10:], pos, 8**-0.5, True) is None
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_pope_on_long_inputs_takes_the_flash_kernel_with_the_same_numbers(causal, monkeypatch):
+    """Past EXPLICIT_MAX_PAIRS PoPE pads v to 2d for SDPA's flash kernel; values and gradients
+    equal the module's own path (the hook switched off) in float64."""
+    import posenc_cli.encodings.pope as pope_module
+
+    monkeypatch.setattr(pope_module, "EXPLICIT_MAX_PAIRS", 10)
+    torch.manual_seed(0)
+    enc = build_encoding("pope", heads=H, head_dim=D, causal=causal).double()
+    attn = Attention(H * D, H, enc, causal=causal).double()
+    x = torch.randn(2, 9, H * D, dtype=torch.float64, requires_grad=True)
+    calls = []
+    real = enc.attend
+    monkeypatch.setattr(enc, "attend", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    fast = attn(x)
+    assert calls and fast.shape == x.shape
+    grads = torch.autograd.grad(fast.square().sum(), [x, *attn.parameters()])
+    monkeypatch.setattr(enc, "attend", lambda *a, **kw: None)
+    slow = attn(x)
+    torch.testing.assert_close(fast, slow, atol=1e-12, rtol=1e-10)
+    for a, b in zip(grads, torch.autograd.grad(slow.square().sum(), [x, *attn.parameters()])):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)

@@ -18,6 +18,11 @@ Conventions:
   ``k' = [b cos(n theta), b sin(n theta)]`` (a, b the softplus magnitudes) have ``q' . k' = s``,
   so attention runs as usual on width 2d for q and k (SDPA takes a value width that differs).
 - The scale on the score stays 1/sqrt(d).
+- On the CPU, SDPA's flash kernel wants one head width for q, k and v; with v of width d it took
+  the math path, which builds every (N, N) intermediate. On long inputs (``attend``) v is padded
+  with zeros to 2d for the flash kernel and the output cut back: one causal layer fwd+bwd at
+  N=1024 (B=4, H=8, d=64) went 2.19x -> 1.59x of `none`, bidirectional 1.91x -> 1.65x; at N=256
+  the math path was faster (1.40x against 1.49x), so short inputs keep it.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from torch import Tensor, nn
 
 from posenc_cli.encodings.base import PositionEncoding
 from posenc_cli.errors import UsageError
+from posenc_cli.kernels.biased_sdpa import EXPLICIT_MAX_PAIRS
 
 
 class PolarEmbedding(PositionEncoding):
@@ -58,3 +64,15 @@ class PolarEmbedding(PositionEncoding):
         rq = torch.cat([a * q_angle.cos(), a * q_angle.sin()], dim=-1)  # (B, H, Nq, 2d)
         rk = torch.cat([b * k_angle.cos(), b * k_angle.sin()], dim=-1)  # (B, H, Nk, 2d)
         return rq, rk
+
+    def attend(self, q, k, v, q_pos, k_pos, scale, causal, key_mask=None) -> Tensor | None:
+        """Long inputs on the flash kernel, v padded to the width of the rotated q and k; a key
+        mask, keys longer than the queries under a causal mask (SDPA aligns ``is_causal`` top
+        left) and short inputs take the attention module's paths."""
+        long = q.shape[-2] * k.shape[-2] > EXPLICIT_MAX_PAIRS
+        square = q.shape[-2] == k.shape[-2]
+        if key_mask is not None or not long or (causal and not square):
+            return None
+        wide = F.pad(v, (0, q.shape[-1] - v.shape[-1]))
+        out = F.scaled_dot_product_attention(q, k, wide, is_causal=causal, scale=scale)
+        return out[..., : v.shape[-1]]
