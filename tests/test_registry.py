@@ -43,6 +43,46 @@ def test_queries_shorter_than_keys(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_causal_right_padding_gives_each_sequence_alone(name):
+    """Under a causal mask the module drops a right-padding key mask (the fast causal paths
+    serve): every real query still gets what its sequence alone gives, values and gradients."""
+    module = layer(name, causal=True)
+    lengths = [9, 6, 2]
+    x = x_of(9, batch=3).requires_grad_()
+    key_mask = torch.arange(9)[None] < torch.tensor(lengths)[:, None]
+    out = module(x, key_mask=key_mask)
+    out[key_mask].square().sum().backward()
+    batched = {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
+    module.zero_grad()
+    for b, n in enumerate(lengths):
+        alone = x[b : b + 1, :n].detach().requires_grad_()
+        want = module(alone)
+        want.square().sum().backward()
+        torch.testing.assert_close(out[b, :n], want[0], atol=1e-10, rtol=0)
+        torch.testing.assert_close(x.grad[b, :n], alone.grad[0], atol=1e-10, rtol=0)
+        assert not x.grad[b, n:].any()  # nothing read flows back into the padding
+    for pname, grad in batched.items():
+        summed = dict(module.named_parameters())[pname].grad
+        torch.testing.assert_close(grad, summed, atol=1e-10, rtol=0, msg=pname)
+
+
+def test_only_causal_right_padding_drops_the_key_mask(monkeypatch):
+    seen = []
+    dense = Attention.dense
+
+    def spy(self, q, k, v, q_pos, k_pos, scale, key_mask, *rest):
+        seen.append(key_mask)
+        return dense(self, q, k, v, q_pos, k_pos, scale, key_mask, *rest)
+
+    monkeypatch.setattr(Attention, "dense", spy)
+    right = torch.arange(9)[None] < torch.tensor([[5], [9]])
+    layer("none", causal=True)(x_of(9), key_mask=right)
+    layer("none", causal=True)(x_of(9), key_mask=right.flip(1))  # left padding: kept
+    layer("none")(x_of(9), key_mask=right)  # no causal mask to hide the padding: kept
+    assert seen[0] is None and seen[1] is not None and seen[2] is not None
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_causal_never_looks_ahead(name):
     module = layer(name, causal=True)
     x = x_of(12)

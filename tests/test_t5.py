@@ -210,7 +210,10 @@ def test_fused_attention_matches_dense_reference(causal, mem, padded):
     want = dense_reference(
         attn, x, enc.table.weight.detach(), not causal, nb, md, memory, key_mask, offset=5
     )
-    torch.testing.assert_close(got, want, atol=1e-9, rtol=1e-9)
+    read = torch.ones(B, N, dtype=torch.bool)
+    if key_mask is not None and causal:  # a padded query's output is not defined then
+        read = key_mask[:, -N:]
+    torch.testing.assert_close(got[read], want[read], atol=1e-9, rtol=1e-9)
     # the bias matters: without it the output differs
     plain = Attention(8, 2, causal=causal).double()
     plain.load_state_dict(attn.state_dict(), strict=False)

@@ -12,6 +12,18 @@ def consecutive(positions: Tensor) -> bool:
     return positions.dim() == 1 and bool((positions.diff() == 1).all())
 
 
+def increasing(positions: Tensor) -> bool:
+    """1D positions in strictly increasing order: a causal mask by position then hides the
+    later tokens by index too."""
+    return positions.dim() == 1 and bool((positions.diff() > 0).all())
+
+
+def padded_on_the_right(key_mask: Tensor) -> bool:
+    """Every row of ``key_mask`` (B, N) real tokens first, then padding only."""
+    real = key_mask.bool()
+    return bool((real[:, 1:] <= real[:, :-1]).all())
+
+
 def dense(positions: Tensor) -> bool:
     """1D positions about as dense as the tokens, so a table of every distance they span stays
     small (randomized positions may spread a few tokens over a range of millions)."""

@@ -22,6 +22,10 @@ Paths:
   sequence the same options give the same pattern on one axis (``kernels/visibility.py``), run
   by the blocked kernel, each block of queries seeing only the keys in its reach: O(N k d).
 
+Under a causal mask, padding on the right is already hidden from every real query, so a key mask
+of that shape is dropped and the paths above that take none serve (length-generalisation batches
+are about half padding).
+
 Keys may be longer than queries: ``memory`` (the previous segment's hidden states, as in
 Transformer-XL) is prepended to the keys and values, and the queries are the last positions.
 """
@@ -38,7 +42,12 @@ from posenc_cli.errors import UsageError
 from posenc_cli.kernels import blocked_bias, flex
 from posenc_cli.kernels.biased_sdpa import EXPLICIT_MAX_PAIRS, biased_attention
 from posenc_cli.kernels.grid_bias import GridTable
-from posenc_cli.kernels.positions import consecutive, row_major_grid
+from posenc_cli.kernels.positions import (
+    consecutive,
+    increasing,
+    padded_on_the_right,
+    row_major_grid,
+)
 from posenc_cli.kernels.positions import dense as dense_positions
 from posenc_cli.kernels.visibility import Band, Visibility
 from posenc_cli.models import flex_path, linear_form
@@ -141,7 +150,8 @@ class Attention(nn.Module):
         offset: int = 0,
         positions: Tensor | None = None,
     ) -> Tensor:
-        """``x`` (B, N, D); ``memory`` (B, M, D) or None; ``key_mask`` (B, M+N) True = real token;
+        """``x`` (B, N, D); ``memory`` (B, M, D) or None; ``key_mask`` (B, M+N) True = real token
+        (under a causal mask, right padding leaves the outputs of padded queries undefined);
         ``offset`` shifts every 1D position (cached decoding, translation tests); ``positions``
         gives the keys' positions explicitly, ``(M+N,)`` or ``(M+N, 2)`` for an image grid."""
         context = x if memory is None else torch.cat([memory, x], dim=1)
@@ -157,6 +167,9 @@ class Attention(nn.Module):
 
         if k_pos.dim() > 1 and self.causal:
             raise ValueError("a causal mask needs 1D positions; image grids are not causal")
+        if key_mask is not None and self.hides_padding(key_mask, memory, k_pos):
+            # no query that is read sees a padded key anyway: the fast causal paths serve
+            key_mask = None
         q, kv = self.q(x), self.kv(context)
         added = self.encoding.qk_input(k_pos)  # (Nk, D) or None
         if added is not None:
@@ -205,6 +218,15 @@ class Attention(nn.Module):
             if blockwise and blocked_bias.worth(q, k, self.causal):
                 return self.merge_heads(self.blocked(q, k, v, q_pos, k_pos, scale))
         return self.merge_heads(self.dense(q, k, v, q_pos, k_pos, scale, key_mask, drop))
+
+    def hides_padding(self, key_mask: Tensor, memory: Tensor | None, k_pos: Tensor) -> bool:
+        """Whether the causal mask alone keeps every real query off the padding: padding on the
+        right, positions increasing. The padded queries then see keys they did not see with
+        the key mask, but nothing reads their outputs (the loss ignores them, and they reach
+        later layers only as padded keys)."""
+        if not self.causal or memory is not None or self.form == "linear":
+            return False
+        return increasing(k_pos) and padded_on_the_right(key_mask)
 
     def dense(self, q, k, v, q_pos, k_pos, scale, key_mask, drop, hidden=None) -> Tensor:
         """The whole ``(B|1, H, Nq, Nk)`` bias at once, on the fused kernel or explicitly;

@@ -110,9 +110,11 @@ def train(
     task = build_task(recipe.data)
     torch.manual_seed(recipe.seed)
     model = build_text_model(recipe.model, recipe.encoding, task, recipe.data).to(device)
+    # fused: one kernel per step instead of about ten ops per tensor (2 ms of a 30 ms step)
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98)
-    )
+        model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98),
+        fused=True,
+    )  # fmt: skip
     cadence = Cadence.steps(cfg.steps, report_every=cfg.eval_every, save_every=cfg.checkpoint_every)
     last, log_path = out / "last.pt", out / "metrics.jsonl"
     start, best, memory = 0, no_score_yet(lower_is_better=True), None
