@@ -106,6 +106,44 @@ def test_lm_right_padding_leaves_real_positions_alone(name):
     torch.testing.assert_close(padded, model(x[:, :6]).logits, **TIGHT)
 
 
+@pytest.mark.parametrize("name", ONE_D)
+def test_lm_batch_of_mixed_lengths_runs_in_groups_exactly(name, monkeypatch):
+    """A right-padded batch runs as two groups cut to their widths: each row's real logits and
+    the parameters' gradients are those of the batch run whole (``run``)."""
+    model = build(name, "lm")
+    lengths = torch.tensor([12, 3, 5, 12, 2, 8])
+    x = tokens(6, 12)
+    mask = torch.arange(12)[None] < lengths[:, None]
+    widths = []
+    run = model.run
+    monkeypatch.setattr(model, "run", lambda t, *rest: widths.append(t.shape[1]) or run(t, *rest))
+    grouped = model(x, key_mask=mask).logits
+    assert widths == [5, 12]  # the three shortest rows cut to 5 tokens
+    grouped[mask].square().sum().backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    whole = run(x, mask, None, 0, None).logits
+    whole[mask].square().sum().backward()
+    torch.testing.assert_close(grouped[mask], whole[mask], **TIGHT)
+    got = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert got.keys() == want.keys()
+    for n in got:
+        torch.testing.assert_close(want[n], got[n], **TIGHT, msg=n)
+
+
+def test_lm_batch_runs_whole_where_groups_save_little():
+    model = build("alibi", "lm")
+    widths = []
+    run = model.run
+    model.run = lambda t, *rest: widths.append(t.shape[1]) or run(t, *rest)
+    x = tokens(4, 12)
+    near = torch.arange(12)[None] < torch.tensor([[12], [10], [11], [12]])
+    model(x, key_mask=near)  # the short half would keep 11 of 12 tokens
+    model(x, key_mask=near.flip(1))  # left padding: a real token sees the padding
+    model(x, key_mask=torch.ones(4, 12, dtype=torch.bool))
+    assert widths == [12, 12, 12]
+
+
 def test_shared_encoding_is_built_once():
     model = build("t5", "lm", depth=3)
     names = [n for n, _ in model.named_parameters() if "encoding" in n]

@@ -43,11 +43,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc_cli.encodings import ENCODINGS, build_encoding, encoding_class, refuse_dims
 from posenc_cli.encodings.base import BackboneFacts, PositionEncoding
 from posenc_cli.errors import UsageError
+from posenc_cli.kernels.positions import padded_on_the_right
 from posenc_cli.models.blocks import TransformerBlock
 
 Kind = Literal["lm", "classify"]
@@ -140,7 +142,54 @@ class TextModel(nn.Module):
     ) -> ModelOutput:
         """``tokens`` (B, T) long; ``key_mask`` (B, T), or (B, M + T) with memory, True = real
         token; ``memory`` per block (B, M, D) from the previous segment's output; ``offset`` added
-        to every position; ``positions`` (T,) replaces ``0 .. T - 1`` (randomized positions)."""
+        to every position; ``positions`` (T,) replaces ``0 .. T - 1`` (randomized positions).
+        An LM's logits at padded positions are not defined."""
+        plain = memory is None and not self.mem_len and key_mask is not None
+        plain = plain and key_mask.shape == tokens.shape
+        plain = plain and (positions is None or positions.shape == tokens.shape[1:])
+        if self.kind == "lm" and plain:
+            groups = self.length_groups(key_mask)
+            if groups is not None:
+                return self.grouped(groups, tokens, key_mask, offset, positions)
+        return self.run(tokens, key_mask, memory, offset, positions)
+
+    def length_groups(self, key_mask: Tensor) -> list[tuple[Tensor, int]] | None:
+        """A right-padded LM batch of mixed lengths as two halves, the shorter rows cut to their
+        longest, when that saves a quarter of their width: under the causal mask no real token
+        sees the padding, so each row's logits are what it gets alone. A length-generalisation
+        batch (sizes 1-20) is then cut from 43 tokens to about 24 for half its rows."""
+        B, T = key_mask.shape
+        if B < 2:
+            return None
+        lengths = key_mask.sum(-1)
+        short, long = lengths.argsort().chunk(2)
+        cut = max(1, int(lengths[short].max()))
+        if 4 * cut > 3 * T or not padded_on_the_right(key_mask):
+            return None
+        return [(short, cut), (long, T)]
+
+    def grouped(self, groups, tokens, key_mask, offset, positions) -> ModelOutput:
+        """``run`` on each group's rows, cut to its width; the logits padded back with zeros and
+        put in the batch's order."""
+        T = tokens.shape[1]
+        parts, rows = [], []
+        for index, width in groups:
+            cut = None if positions is None else positions[:width]
+            out = self.run(tokens[index, :width], key_mask[index, :width], None, offset, cut)
+            parts.append(F.pad(out.logits, (0, 0, 0, T - width)))
+            rows.append(index)
+        back = torch.cat(rows).argsort()
+        return ModelOutput(torch.cat(parts)[back], None)
+
+    def run(
+        self,
+        tokens: Tensor,
+        key_mask: Tensor | None,
+        memory: list[Tensor] | None,
+        offset: int,
+        positions: Tensor | None,
+    ) -> ModelOutput:
+        """``forward`` on the whole batch at once."""
         B, T = tokens.shape
         M = self.memory_length(memory, key_mask, T)
         explicit = None  # the blocks count from ``offset`` themselves unless told otherwise
