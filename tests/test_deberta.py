@@ -52,9 +52,11 @@ def make(causal: bool = False, seed: int = 0, **params) -> Attention:
     return attn
 
 
-def dense_reference(attn: Attention, x, memory=None, key_mask=None, offset: int = 0):
+def dense_reference(
+    attn: Attention, x, memory=None, key_mask=None, offset: int = 0, positions=None
+):
     """softmax((Qc.Kc + Qc.Kr[delta(i,j)] + Kc.Qr[delta(j,i)]) / sqrt((1+c2p+p2c) d)) Vc, with
-    an explicit position vector for every pair."""
+    an explicit position vector for every pair; ``positions`` the keys' own, if given."""
     enc = attn.encoding
     H, d, span = attn.heads, attn.head_dim, enc.span
     context = x if memory is None else torch.cat([memory, x], dim=1)
@@ -62,8 +64,8 @@ def dense_reference(attn: Attention, x, memory=None, key_mask=None, offset: int 
     Nk = context.shape[1]
     q = attn.q(x).view(B, N, H, d)
     key, val = (t.reshape(B, Nk, H, d) for t in attn.kv(context).chunk(2, -1))
-    pos_q = [offset + Nk - N + i for i in range(N)]
-    pos_k = [offset + j for j in range(Nk)]
+    pos_k = [offset + j for j in range(Nk)] if positions is None else positions.tolist()
+    pos_q = pos_k[Nk - N :]
 
     def bucket(dist: int) -> int:
         if enc.position_buckets == 0:
@@ -154,6 +156,44 @@ def test_matches_dense_reference(name):
     got = attn(x, memory=memory, key_mask=key_mask, offset=offset)
     want = dense_reference(attn, x, memory, key_mask, offset)
     torch.testing.assert_close(got, want, atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.parametrize("buckets", [(4, 8), (256, 512)])
+def test_causal_half_table_on_spread_positions_matches_dense_reference(buckets):
+    """Positions spread wider than the sequence (randomized positions): every pair's window is
+    the whole table, and a causal module reads only the half visible pairs use. Outputs and
+    every parameter's gradient equal the reference's, which looks up each pair's row alone."""
+    position_buckets, max_relative = buckets
+    attn = make(causal=True, position_buckets=position_buckets, max_relative_positions=max_relative)
+    x = torch.randn(2, 12, DIM, dtype=torch.float64)
+    positions = torch.randperm(200, generator=torch.Generator().manual_seed(1))[:12].sort().values
+    enc = attn.encoding
+    widths = []
+    term = enc.term
+
+    def spy(x, proj, window, a_pos, b_pos):
+        widths.append(window[1] - window[0] + 1)
+        return term(x, proj, window, a_pos, b_pos)
+
+    enc.term = spy
+    grads = []
+    for forward in (
+        lambda: attn(x, positions=positions),
+        lambda: dense_reference(attn, x, positions=positions),
+    ):
+        attn.zero_grad()
+        out = forward()
+        out.square().sum().backward()
+        grads.append((out.detach(), [p.grad.clone() for p in attn.parameters()]))
+    (got, got_grads), (want, want_grads) = grads
+    torch.testing.assert_close(got, want, atol=1e-9, rtol=1e-9)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9)
+    (c_first, c_last), (p_first, p_last) = enc.windows(positions, positions, causal=True)
+    assert c_first >= enc.span and p_last <= enc.span  # c2p rows from k on, p2c up to k
+    assert widths == [c_last - c_first + 1, p_last - p_first + 1]
+    two_sided = [last - first + 1 for first, last in enc.windows(positions, positions, False)]
+    assert widths[0] < two_sided[0] and widths[1] < two_sided[1]
 
 
 def test_p2c_reads_delta_j_i_as_the_paper_not_the_reference_code():

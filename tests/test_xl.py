@@ -235,3 +235,33 @@ def test_registry_and_usage_errors():
     for bad in ({"dim": 7}, {"base": 1.0}, {"clamp_len": 0}):
         with pytest.raises(UsageError, match=next(iter(bad))):
             TransformerXLRelative(**bad)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_spread_positions_match_the_terms_written_out(causal):
+    """Positions spread wider than the sequence (randomized positions) read each pair's distance
+    by lookup (``table_products``): the bias of every visible pair, and the gradients of q, k,
+    W_R, u and v, against (b) + (c) + (d) written out pair by pair."""
+    enc = make(causal).encoding
+    gen = torch.Generator().manual_seed(3)
+    positions = torch.randperm(80, generator=gen)[:6].sort().values
+    d = DIM // HEADS
+    q, k = torch.randn(2, 3, HEADS, 6, d, dtype=torch.float64, generator=gen).unbind(0)
+    q.requires_grad_(), k.requires_grad_()
+    want = torch.zeros(3, HEADS, 6, 6, dtype=torch.float64)
+    for i, pos_i in enumerate(positions.tolist()):
+        for j, pos_j in enumerate(positions.tolist()):
+            r = torch.tensor(r_vector(pos_i - pos_j, DIM, enc.base), dtype=torch.float64)
+            wr_r = (enc.proj.weight @ r).view(HEADS, d)  # W_R R_{i-j}, per head
+            terms = ((q[:, :, i] + enc.v) * wr_r).sum(-1) + (enc.u * k[:, :, j]).sum(-1)
+            want[:, :, i, j] = terms / math.sqrt(d)
+    got = enc.bias(q, k, positions, positions)
+    visible = torch.ones(6, 6, dtype=torch.bool).tril() if causal else torch.ones(6, 6).bool()
+    got, want = got[..., visible], want[..., visible]
+    close(got, want)
+    weights = torch.randn(want.shape, dtype=torch.float64, generator=gen)
+    leaves = (q, k, enc.proj.weight, enc.u, enc.v)
+    got_grads = torch.autograd.grad((got * weights).sum(), leaves)
+    want_grads = torch.autograd.grad((want * weights).sum(), leaves)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        close(a, b)

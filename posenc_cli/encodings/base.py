@@ -9,7 +9,8 @@ An encoding overrides only the hooks it needs; the defaults do nothing:
 - ``bias(q, k, q_pos, k_pos)``: an additive logit term ``(B|1, H, Nq, Nk)``, already in logit
   units (the encoding applies any scale it needs). Content-free biases (T5, ALiBi) ignore q and k
   and say so with ``content_free``: the attention module may then ask for one block of queries
-  at a time, never holding the whole ``(H, Nq, Nk)`` tensor.
+  at a time, never holding the whole ``(H, Nq, Nk)`` tensor. The module asks it through
+  ``visible_bias``, which says whether a causal mask hides the pairs of a key after its query.
 - ``score_mod(q, q_pos, k_pos)``: the GPU path's form of a content-free bias (FlexAttention);
   derived from ``bias`` for ``toeplitz`` encodings, written by hand only for the others (FIRE).
 - ``value(attn, q_pos, k_pos)``: a value-side term ``(B, H, Nq, d)`` added to ``attn @ v``
@@ -127,6 +128,14 @@ class PositionEncoding(nn.Module):
 
     def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         return None
+
+    def visible_bias(
+        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, causal: bool
+    ) -> Tensor | None:
+        """``bias`` as the attention module reads it. ``causal``: a mask hides every key after
+        its query, so those pairs' values may be anything, which lets an encoding skip work
+        (DeBERTa multiplies q and k by half its table). By default ``bias`` itself."""
+        return self.bias(q, k, q_pos, k_pos)
 
     def bias_by_block(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, causal=False):
         """For a ``pairwise_content`` bias asked one block of queries at a time over these

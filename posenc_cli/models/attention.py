@@ -232,7 +232,7 @@ class Attention(nn.Module):
         """The whole ``(B|1, H, Nq, Nk)`` bias at once, on the fused kernel or explicitly;
         ``hidden`` ``(Nq, Nk)``: pairs a sparse pattern masks beside the causal and key masks."""
         N, Nk = q.shape[-2], k.shape[-2]
-        bias = self.encoding.bias(q, k, q_pos, k_pos)  # (B|1, H, N, Nk) or None
+        bias = self.encoding.visible_bias(q, k, q_pos, k_pos, self.causal)  # (B|1, H, N, Nk)
         mask = attention_mask(q_pos, k_pos, self.causal, key_mask)
         if hidden is not None:
             mask = ~hidden[None, None] if mask is None else mask & ~hidden
