@@ -46,10 +46,10 @@ def table_products(x: Tensor, table: Tensor, ids: Tensor) -> Tensor:
     Two ways to the same numbers: every query meets every row and each pair picks its product
     (``B H Nq n`` products), or each pair picks its row and meets its query (``B H Nq Nk``,
     through an ``(H, Nq, Nk, d)`` copy of the rows, shared by the batch). The second is taken
-    where it multiplies less and its copy is no larger than the first's scores (at as many rows
-    as keys the copy made a training step about 5% slower): positions
-    spread over 256 (randomized) read 257 rows from 43 keys, 5.3 against 0.7 ms forward and
-    backward at B = 32, H = 4, d = 16; a long sequence (1024 keys, d = 64, B = 4) keeps the first.
+    where rows outnumber keys and its copy is no larger than the first's scores. Positions
+    spread over 256 (randomized) read 257 rows from 43 keys: 5.3 against 0.7 ms forward and
+    backward at B = 32, H = 4, d = 16. At as many rows as keys the copy made a training step
+    about 5% slower, and a long sequence (1024 keys, d = 64, B = 4) keeps the first way.
     """
     B, H, Nq, d = x.shape
     n, Nk = table.shape[1], ids.shape[1]
