@@ -44,7 +44,7 @@ from torch import Tensor, nn
 
 from posenc_cli.encodings.base import PositionEncoding
 from posenc_cli.errors import UsageError
-from posenc_cli.kernels.buckets import gather_buckets, per_head_product, table_products
+from posenc_cli.kernels.buckets import gather_buckets, table_products
 from posenc_cli.kernels.positions import consecutive
 
 
@@ -73,6 +73,16 @@ def distance_index(
     lo, hi = (int(dist.min()), int(dist.max())) if dist.numel() else (0, 0)
     distances = torch.arange(lo, hi + 1, device=dist.device)  # (n,)
     return dist - lo, distances
+
+
+def per_head_product(x: Tensor, r: Tensor) -> Tensor:
+    """``x @ r^T`` per head, ``(B, H, rows, d)`` by ``(H, n, d)`` -> ``(B, H, rows, n)``, laid out
+    head first. A broadcast matmul would copy ``r`` once per batch row (as large as the scores'
+    fifth at d = 64); one bmm over the heads with the batch's rows stacked copies only ``x``. The
+    last two dims are contiguous, which the relative shift's view needs."""
+    B, H, rows, d = x.shape
+    stacked = x.transpose(0, 1).reshape(H, B * rows, d)
+    return torch.bmm(stacked, r.transpose(-2, -1)).view(H, B, rows, -1).transpose(0, 1)
 
 
 def skewed(grad: Tensor, n: int) -> Tensor:
