@@ -100,6 +100,16 @@ def relative_index(rel: Tensor, span: int) -> Tensor:
     return (rel + span).clamp(0, 2 * span - 1)
 
 
+def both_terms(c2p: Tensor | None, by_key: Tensor | None) -> Tensor:
+    """c2p + p2c of every pair, ``(B, H, Nq, Nk)``, from the terms that are on: c2p by query,
+    p2c by key (``(B, H, Nk, Nq)``, transposed here). Both are fresh tensors, so c2p takes p2c in
+    place."""
+    p2c = None if by_key is None else by_key.transpose(-2, -1)
+    if c2p is None or p2c is None:
+        return p2c if c2p is None else c2p
+    return c2p.add_(p2c)
+
+
 class DebertaDisentangled(PositionEncoding):
     """Disentangled attention: content-to-position and position-to-content logit terms."""
 
@@ -189,14 +199,12 @@ class DebertaDisentangled(PositionEncoding):
         one process), and 44.3 with each term through ``table_products``, which picks each
         pair's row first where rows outnumber keys."""
         (c2p_window, p2c_window), scale = self.windows(q_pos, k_pos, causal), self.logit_scale()
-        score = None
+        c2p = by_key = None
         if self.pos_key is not None:
-            score = self.term(q * scale, self.pos_key, c2p_window, q_pos, k_pos)
+            c2p = self.term(q * scale, self.pos_key, c2p_window, q_pos, k_pos)
         if self.pos_query is not None:
             by_key = self.term(k * scale, self.pos_query, p2c_window, k_pos, q_pos)
-            p2c = by_key.transpose(-2, -1)
-            score = p2c if score is None else score.add_(p2c)  # c2p is a fresh tensor
-        return score
+        return both_terms(c2p, by_key)
 
     def term(self, x: Tensor, proj: nn.Linear, window: tuple[int, int], a_pos, b_pos) -> Tensor:
         """``x_a`` times the projected table row ``delta(a, b)`` reads, for every pair of ``a``
@@ -251,14 +259,12 @@ class DebertaDisentangled(PositionEncoding):
     def gathered(self, c2p_rows, p2c_rows, q_pos: Tensor, k_pos: Tensor, windows) -> Tensor:
         """c2p + p2c of every pair (the scores already scaled), a new tensor: each pair's table
         row picked from the scores."""
-        score = None
+        c2p = by_key = None
         if c2p_rows is not None:
-            score = gather_buckets(c2p_rows, self.rows_read(q_pos, k_pos, windows[0]))
+            c2p = gather_buckets(c2p_rows, self.rows_read(q_pos, k_pos, windows[0]))
         if p2c_rows is not None:
             by_key = gather_buckets(p2c_rows, self.rows_read(k_pos, q_pos, windows[1]))
-            p2c = by_key.transpose(-2, -1)  # (B, H, Nq, Nk)
-            score = p2c if score is None else score.add_(p2c)
-        return score
+        return both_terms(c2p, by_key)
 
     def bias_by_block(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, causal=False):
         """The scores per table row once for all queries and keys (per block, a causal block of
