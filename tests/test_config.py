@@ -55,6 +55,7 @@ SHIPPED = [
     "text/length-gen/copy-randomized",
     "text/length-gen/parity",
     "text/length-gen/parity-long",
+    "text/length-gen/parity-scratchpad",
     "text/length-gen/reverse",
     "text/length-gen/sort",
     "text/length-gen/summation",
@@ -174,6 +175,7 @@ def test_length_generalisation_recipes_share_one_protocol():
     """Kazemnejad et al.'s sizes: trained on 1-20, tested to 40, every 1D encoding, 3 seeds,
     the same budget and early stop for all; each task recipe differs only in the task."""
     tasks = ["addition", "copy", "parity", "reverse", "sort", "summation"]
+    tasks += ["parity-scratchpad"]
     randomized = load_recipe("text/length-gen/copy-randomized")
     assert randomized.model.random_positions == 256 and randomized.data.task == "copy"
     reading = {n for n in ONE_D if ENCODINGS[n].reads_positions}

@@ -14,7 +14,17 @@ from posenc_cli.data import IGNORE, TASKS, Batch, Score, Task, build_task, score
 from posenc_cli.data import text as text_module
 from posenc_cli.errors import UsageError
 
-ALGORITHMIC = ["copy", "reverse", "sort", "recall", "addition", "summation", "parity"]
+ALGORITHMIC = [
+    "copy",
+    "reverse",
+    "sort",
+    "recall",
+    "addition",
+    "summation",
+    "parity",
+    "summation-scratchpad",
+    "parity-scratchpad",
+]
 PAD, BOS, SEP, EOS = 0, 1, 2, 3
 
 
@@ -190,13 +200,15 @@ def check_problem(name: str, inp: list[int], out: list[int], vocab: int, offset:
         assert value(ans) == value(a) + value(b)
         assert all(0 <= d < vocab for d in a + b + ans)
         return len(a)
-    elif name in ("summation", "parity"):
-        base = 2 if name == "parity" else vocab
-        assert all(0 <= d < base for d in sym) and len(ans) == 1
-        total = 0
+    elif name.startswith(("summation", "parity")):
+        base = 2 if name.startswith("parity") else vocab
+        assert all(0 <= d < base for d in sym)
+        running, total = [], 0
         for d in sym:
             total += d
-        assert ans == [total % base]
+            running.append(total % base)
+        # the scratchpad writes every running sum; the one-token task only the last
+        assert ans == (running if name.endswith("scratchpad") else running[-1:])
         return len(sym)
     assert all(0 <= s < vocab for s in sym + ans)
     return len(sym)
@@ -207,7 +219,7 @@ def check_problem(name: str, inp: list[int], out: list[int], vocab: int, offset:
 def test_outputs_are_correct_and_sizes_respected(name: str, vocab: int) -> None:
     task = build_task(Cfg(task=name, vocab=vocab, train_lengths=[2, 6]))
     offset = 5 if name == "addition" else 4
-    vocab = 2 if name == "parity" else vocab  # parity's symbols are bits, whatever vocab says
+    vocab = 2 if name.startswith("parity") else vocab  # parity: bits, whatever vocab says
     assert task.vocab_size == offset + vocab
     sizes = []
     for seed in range(4):
@@ -222,13 +234,27 @@ def test_outputs_are_correct_and_sizes_respected(name: str, vocab: int) -> None:
         assert check_problem(name, inp, out, vocab, offset) == 9
 
 
-@pytest.mark.parametrize("name", ["summation", "parity"])
-def test_one_token_answers_take_every_value(name: str) -> None:
+@pytest.mark.parametrize(
+    "name", ["summation", "parity", "summation-scratchpad", "parity-scratchpad"]
+)
+def test_answers_take_every_value(name: str) -> None:
     """Both answers occur for parity, all ten residues for summation: not a constant output."""
     task = build_task(Cfg(task=name, vocab=10))
     b = task.batch(512, 7, gen(), "test")
-    answers = set((b.tokens[:, -2] - 4).tolist())
-    assert answers == set(range(2 if name == "parity" else 10))
+    answers = set((b.tokens[:, -2] - 4).tolist())  # the last output token, before EOS
+    assert answers == set(range(2 if name.startswith("parity") else 10))
+
+
+@pytest.mark.parametrize("name", ["summation", "parity"])
+def test_a_scratchpad_ends_in_the_one_token_answer(name: str) -> None:
+    """Same seed, same inputs: the scratchpad's last step is the one-token task's answer, and
+    it scores n outputs (plus EOS) where the one-token task scores one."""
+    short = build_task(Cfg(task=name)).batch(64, 9, gen(3), "test")
+    pad = build_task(Cfg(task=f"{name}-scratchpad")).batch(64, 9, gen(3), "test")
+    assert torch.equal(short.tokens[:, :11], pad.tokens[:, :11])  # BOS, 9 digits, SEP
+    assert torch.equal(short.tokens[:, -2], pad.tokens[:, -2])
+    assert ((short.targets != IGNORE).sum(1) == 2).all()
+    assert ((pad.targets != IGNORE).sum(1) == 10).all()
 
 
 def test_addition_produces_carries_and_leading_zeros() -> None:

@@ -15,10 +15,12 @@ from posenc_cli.data.algorithmic import (
     Copy,
     Layout,
     Parity,
+    ParityScratchpad,
     Recall,
     Reverse,
     Sort,
     Summation,
+    SummationScratchpad,
 )
 from posenc_cli.data.batch import IGNORE, Batch, Task
 from posenc_cli.data.scoring import Score, score
@@ -35,6 +37,8 @@ TASKS: dict[str, type[AlgorithmicTask] | type[WordOrder] | type[TextTask]] = {
     "addition": Addition,
     "summation": Summation,
     "parity": Parity,
+    "summation-scratchpad": SummationScratchpad,
+    "parity-scratchpad": ParityScratchpad,
     "word-order": WordOrder,
     "text": TextTask,
 }

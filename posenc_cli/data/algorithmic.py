@@ -1,5 +1,5 @@
 """Procedural sequence-to-sequence tasks for a causal LM: copy, reverse, sort, recall, addition,
-summation and parity.
+summation and parity, the last two also with a scratchpad.
 
 Small algorithmic tasks are where length generalisation of position encodings is usually
 measured (Kazemnejad et al. 2023, "The Impact of Positional Encoding on Length Generalization
@@ -35,6 +35,11 @@ Conventions:
   (Kazemnejad et al.'s "summation", there in base 10).
 - parity: n bits (``vocab`` is ignored: the symbols are always 0 and 1); the output is one
   token, 1 when the count of ones is odd. It is summation in base 2.
+- summation-scratchpad / parity-scratchpad: the same inputs; the output writes the running sum
+  after every digit (n tokens), so the answer is the last one. Each step then needs only the
+  digit it has reached and the step before it, as copy needs one input symbol per output; the
+  one-token versions ask for all n digits at once. Kazemnejad et al. study scratchpads on
+  these tasks and find that their format matters.
 """
 
 from __future__ import annotations
@@ -242,9 +247,10 @@ class Addition(AlgorithmicTask):
 
 class Summation(AlgorithmicTask):
     name = "summation"
+    scratchpad = False  # True: write every running sum, not only the last
 
     def output_length(self, n: int) -> int:
-        return 1
+        return n if self.scratchpad else 1
 
     def base(self) -> int:
         return self.vocab
@@ -252,7 +258,9 @@ class Summation(AlgorithmicTask):
     def make(self, count: int, n: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         base, off = self.base(), self.symbol_offset
         digits = torch.randint(0, base, (count, n), generator=generator)
-        return digits + off, digits.sum(1, keepdim=True) % base + off
+        running = digits.cumsum(1) % base  # (c, n)
+        answer = running if self.scratchpad else running[:, -1:]
+        return digits + off, answer + off
 
 
 class Parity(Summation):
@@ -263,6 +271,16 @@ class Parity(Summation):
 
     def base(self) -> int:
         return 2
+
+
+class SummationScratchpad(Summation):
+    name = "summation-scratchpad"
+    scratchpad = True
+
+
+class ParityScratchpad(Parity):
+    name = "parity-scratchpad"
+    scratchpad = True
 
 
 def add_digits(a: Tensor, b: Tensor, base: int) -> Tensor:
