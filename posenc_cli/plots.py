@@ -150,6 +150,24 @@ def save_length_curves(
     return save_figure(fig, out)
 
 
+def save_position_curves(by_length: dict[str, list[float]], title: str, out: Path) -> Path:
+    """Accuracy at each answer position, one line per length; a length's last point is its end
+    token, drawn hollow, so answers of different lengths line up from their first position."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    for length, accuracy in by_length.items():
+        where = np.arange(1, len(accuracy) + 1)
+        (line,) = ax.plot(where[:-1], accuracy[:-1], marker=".", label=f"n={length}")
+        ax.plot(where[-1:], accuracy[-1:], marker="o", fillstyle="none", color=line.get_color())
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("answer position (hollow: the end token)")
+    ax.set_ylabel("accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, out)
+
+
 def save_loglog(
     series: dict[str, tuple[list[int], list[float]]],
     xlabel: str,

@@ -272,7 +272,7 @@ def test_save_evaluation_keeps_image_points_in_order_and_replaces_a_damaged_file
 # 5. options that do not apply to the run's kind
 
 
-@pytest.mark.parametrize("args", [["--lengths", "5,10"], ["--shift", "3"]])
+@pytest.mark.parametrize("args", [["--lengths", "5,10"], ["--shift", "3"], ["--by-position"]])
 def test_text_options_on_an_image_run_are_an_error(tmp_path, capsys, args):
     code, _, err = run(capsys, "evaluate", str(kind_only_run(tmp_path, "image")), *args)
     assert_one_line(code, err, f"{args[0]}:", "for text runs", "--sizes", "--shifts")
@@ -286,6 +286,7 @@ def test_text_options_on_an_image_run_are_an_error(tmp_path, capsys, args):
         ["--sizes", "32"],
         ["--shifts", "0"],
         ["--out", "a.png"],
+        ["--by-position"],
     ],
 )
 def test_options_on_a_detection_run_are_an_error(tmp_path, capsys, args):

@@ -67,7 +67,7 @@ def test_a_run_that_answers_everything_lists_nothing(capsys, tmp_path, monkeypat
         right = torch.nn.functional.one_hot(targets.clamp(min=0), logits.shape[-1]).float()
         return real(task, length, batch, tokens, targets, right)
 
-    monkeypatch.setattr("posenc_cli.tasks.text.train.missed", perfect)
+    monkeypatch.setattr("posenc_cli.tasks.text.evaluate.missed", perfect)
     records, _ = misses_of(capsys, run_dir, tmp_path / "none.jsonl", 4)
     assert records == [] and (tmp_path / "none.jsonl").is_file()
 
@@ -83,4 +83,4 @@ def test_bad_misses_paths_and_tasks_are_one_line_errors(capsys, tmp_path):
     code, _, err = run(capsys, "evaluate", str(run_dir), "--misses", str(tmp_path / "new" / "m"))
     assert code == 0 and (tmp_path / "new" / "m").is_file()  # folders made on the way
     with pytest.raises(UsageError, match="--misses: .* algorithmic task"):
-        check_listable(object())  # a language model's text has no problems to list
+        check_listable(object(), "--misses")  # a language model's text has no problems

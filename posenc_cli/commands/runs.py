@@ -112,6 +112,14 @@ def evaluate_command(
         Path | None,
         typer.Option("--misses", help="Text runs: write every missed test problem (JSON Lines)."),
     ] = None,
+    by_position: Annotated[
+        bool,
+        typer.Option(
+            "--by-position",
+            help="Text runs: accuracy at each answer position, one column per length "
+            "(with --out, a curve per length).",
+        ),
+    ] = False,
     format: Annotated[Format, typer.Option("--format", help="table or json")] = Format.table,
 ) -> None:
     """Score a run at the trained length and longer ones, optionally with positions shifted;
@@ -134,9 +142,14 @@ def evaluate_command(
         "shifts": shifts,
         "out": out,
         "misses": misses,
+        "by_position": by_position or None,
     }
     reject_options(
-        {f"--{flag}": value for flag, value in given.items() if flag not in task.evaluate_flags},
+        {
+            f"--{flag.replace('_', '-')}": value
+            for flag, value in given.items()
+            if flag not in task.evaluate_flags
+        },
         task.evaluate_hint,
     )
     if shift is not None and shift < 0:
@@ -148,6 +161,7 @@ def evaluate_command(
         "shifts": int_list(shifts, "--shifts", minimum=0),
         "out": out,
         "misses": misses,
+        "by_position": by_position,
     }
     # results are written last, so find out now, before a long evaluation, that they can be
     check_writable(

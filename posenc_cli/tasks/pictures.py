@@ -22,3 +22,14 @@ def curve_picture(
         save_length_curves({result["encoding"]: curve}, metric, title, path, trained)
 
     return draw
+
+
+def position_picture(by_length: dict[str, list[float]], title: str) -> Callable[[Path], None]:
+    """Accuracy against answer position, one line per evaluated length."""
+
+    def draw(path: Path) -> None:
+        from posenc_cli.plots import save_position_curves
+
+        save_position_curves(by_length, title, path)
+
+    return draw

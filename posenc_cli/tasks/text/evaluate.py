@@ -21,8 +21,9 @@ from posenc_cli.models.text import build_text_model
 from posenc_cli.runs.checkpoint import load_run_weights
 from posenc_cli.runs.device import autocast, pick_device
 from posenc_cli.runs.evaluation import Evaluated, recipe_file, save_evaluation
-from posenc_cli.tasks.pictures import curve_picture
-from posenc_cli.tasks.text.misses import check_listable, write_misses
+from posenc_cli.tasks.pictures import curve_picture, position_picture
+from posenc_cli.tasks.text.by_position import PositionTally, position_rows
+from posenc_cli.tasks.text.misses import check_listable, missed, write_misses
 from posenc_cli.tasks.text.train import evaluate_length
 
 
@@ -61,14 +62,25 @@ def evaluate_run(
     shift: int | None = None,
     write: bool = True,
     misses: list | None = None,
+    positions: PositionTally | None = None,
 ) -> dict[str, Any]:
     """Score the run at ``lengths`` (the recipe's by default); with ``misses``, every test
-    problem it gets wrong is appended to that list (``misses.py``)."""
+    problem it gets wrong is appended to that list (``misses.py``); with ``positions``, the
+    answers are counted position by position (``by_position.py``)."""
     if any(n < 1 for n in lengths or ()) or (shift is not None and shift < 0):
         raise UsageError("--lengths must be positive and --shift >= 0, e.g. --lengths 16,32,64")
     recipe, model, task = load_run(run_dir, overrides)
     if misses is not None:
-        check_listable(task)
+        check_listable(task, "--misses")
+    if positions is not None:
+        check_listable(task, "--by-position")
+
+    def watch(length: int, index: int, batch: Any, logits: torch.Tensor) -> None:
+        if misses is not None:
+            misses.extend(missed(task, length, index, batch.tokens, batch.targets, logits))
+        if positions is not None:
+            positions.add(length, batch, logits)
+
     device = pick_device(recipe.train.device)
     model.to(device)
     lengths = lengths or list(recipe.eval.lengths)
@@ -85,7 +97,7 @@ def evaluate_run(
                 device,
                 offset=shift,
                 span=recipe.model.random_positions,
-                misses=misses,
+                watch=watch,
             )
         except UsageError as err:  # e.g. a learned table shorter than this length
             rows[str(length)] = {"error": str(err)}
@@ -107,16 +119,21 @@ def evaluate_run(
 
 
 def score(run_dir: Path, overrides: list[str], options: dict[str, Any]) -> Evaluated:
-    """`posenc evaluate` of a text run: ``options`` lengths, shift, out (a curve) and misses
-    (a JSON Lines file of the problems it got wrong)."""
+    """`posenc evaluate` of a text run: ``options`` lengths, shift, out (a curve), misses
+    (a JSON Lines file of the problems it got wrong) and by_position (accuracy per answer
+    position, which then makes the table and the curve)."""
     records = None if options.get("misses") is None else []
+    tally = PositionTally() if options.get("by_position") else None
     result = evaluate_run(
-        run_dir, overrides, options["lengths"], options["shift"], write=False, misses=records
-    )
+        run_dir, overrides, options["lengths"], options["shift"], write=False,
+        misses=records, positions=tally,
+    )  # fmt: skip
     note = None
     if records is not None:
         write_misses(options["misses"], records)
         note = f"{len(records)} missed problem(s) written to {options['misses']}"
+    if tally is not None:
+        result["by_position"] = tally.accuracy()
     rows = []
     for n, r in result["lengths"].items():
         if "error" in r:
@@ -132,12 +149,16 @@ def score(run_dir: Path, overrides: list[str], options: dict[str, Any]) -> Evalu
     title = (
         f"{run_dir}: {result['encoding']}, trained on lengths {low}-{high}, shift {result['shift']}"
     )
+    columns = ["length", "loss", "perplexity", "token accuracy", "exact match"]
     pictures = []
-    if options["out"] is not None:
-        curve = f"{run_dir} (shift {result['shift']})"
+    curve = f"{run_dir} (shift {result['shift']})"
+    if tally is not None:
+        columns, rows = position_rows(result["by_position"])
+        if options["out"] is not None:
+            pictures.append((options["out"], position_picture(result["by_position"], curve)))
+    elif options["out"] is not None:
         pictures.append(
             (options["out"], curve_picture(result, "token_accuracy", curve, (low, high)))
         )
-    columns = ["length", "loss", "perplexity", "token accuracy", "exact match"]
     saved_to = run_dir / eval_name(result["shift"])
     return Evaluated(result, saved_to, title, columns, rows, pictures, note)

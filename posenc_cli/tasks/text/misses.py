@@ -24,12 +24,12 @@ from posenc_cli.runs.checkpoint import atomic_write_text
 SPECIALS = {PAD: "PAD", BOS: "BOS", SEP: "SEP", EOS: "EOS", PLUS: "+"}
 
 
-def check_listable(task: Any) -> None:
-    """Only the algorithmic tasks have problems with an answer to list."""
+def check_listable(task: Any, flag: str) -> None:
+    """Only the algorithmic tasks have problems with one answer (``flag`` names the option)."""
     if not hasattr(task, "layout"):
         raise UsageError(
-            f"--misses: a {getattr(task, 'name', 'language-model')} run has no problems with "
-            "one answer to list; use it with an algorithmic task (copy, reverse, sort, parity, ...)"
+            f"{flag}: a {getattr(task, 'name', 'language-model')} run has no problems with "
+            "one answer; use it with an algorithmic task (copy, reverse, sort, parity, ...)"
         )
 
 

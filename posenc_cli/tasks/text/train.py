@@ -12,6 +12,7 @@ same numbers; that is why a stopped text run saves where it stopped.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,6 @@ from posenc_cli.runs.resume import resume_from
 from posenc_cli.runs.schedule import warmup_cosine
 from posenc_cli.runs.summary import write_summary
 from posenc_cli.tasks.run_start import start_run
-from posenc_cli.tasks.text.misses import missed
 
 EVAL_SEED = 20_000_000  # evaluation batches are the same for every run and every encoding
 
@@ -75,11 +75,11 @@ def evaluate_length(
     device,
     offset: int = 0,
     span: int = 0,
-    misses: list | None = None,
+    watch: Callable[[int, int, Any, torch.Tensor], None] | None = None,
 ) -> dict[str, float]:
     """Mean metrics over ``batches`` fixed test batches of problem size ``length``; with
-    ``span``, positions drawn by training's rule (after the batch, from its generator); with
-    ``misses``, every problem not answered exactly is appended to it."""
+    ``span``, positions drawn by training's rule (after the batch, from its generator);
+    ``watch(length, index, batch, logits)`` sees every batch (``posenc evaluate``'s lists)."""
     model.eval()
     tally = Tally()
     for i in range(batches):
@@ -90,8 +90,8 @@ def evaluate_length(
         with autocast(device):
             out = model(batch.tokens.to(device), key_mask=mask, offset=offset, positions=positions)
         tally.add(out.logits, batch.targets.to(device))
-        if misses is not None:
-            misses.extend(missed(task, length, i, batch.tokens, batch.targets, out.logits))
+        if watch is not None:
+            watch(length, i, batch, out.logits)
     model.train()
     return tally.summary()
 
