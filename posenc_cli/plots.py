@@ -151,8 +151,8 @@ def save_length_curves(
 
 
 def save_position_curves(by_length: dict[str, list[float]], title: str, out: Path) -> Path:
-    """Accuracy at each answer position, one line per length; a length's last point is its end
-    token, drawn hollow, so answers of different lengths line up from their first position."""
+    """Accuracy at each answer position, one line per length, every answer from position 1;
+    a length's last point, its end token, drawn hollow."""
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     for length, accuracy in by_length.items():
         where = np.arange(1, len(accuracy) + 1)

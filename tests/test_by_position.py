@@ -9,7 +9,7 @@ import torch
 
 from posenc_cli.data.batch import IGNORE, Batch
 from posenc_cli.tasks.text.by_position import PositionTally, position_rows
-from tests.helpers import run
+from tests.helpers import TINY_TEXT, run
 from tests.test_misses import BATCH_SIZE, BATCHES, trained
 
 
@@ -58,7 +58,7 @@ def test_positions_agree_with_the_listed_misses_and_the_token_accuracy(capsys, t
     listed = [json.loads(line) for line in misses.read_text().splitlines()]
     problems = BATCHES * BATCH_SIZE
     for n in (3, 5):
-        accuracy = result["by_position"][str(n)]
+        accuracy = result["lengths"][str(n)]["by_position"]
         assert len(accuracy) == n + 1  # n reversed symbols, then the end token
         wrong = [0] * (n + 1)
         for record in (r for r in listed if r["length"] == n):
@@ -69,17 +69,38 @@ def test_positions_agree_with_the_listed_misses_and_the_token_accuracy(capsys, t
         assert accuracy == [1 - w / problems for w in wrong]
         mean = sum(accuracy) / len(accuracy)
         assert abs(mean - result["lengths"][str(n)]["token_accuracy"]) < 1e-9
+    assert len({a for n in ("3", "5") for a in result["lengths"][n]["by_position"]}) > 1
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     code, out, err = run(capsys, "evaluate", str(run_dir), "--lengths", "4")
     assert code == 0, err
-    saved = json.loads((run_dir / "eval.json").read_text())
-    assert list(saved["by_position"]) == ["3", "5"] and {"3", "4", "5"} <= set(saved["lengths"])
-    code, out, err = run(capsys, "evaluate", str(run_dir), "--lengths", "3", "--by-position")
-    assert code == 0 and "position" in out and "end" in out
+    saved = json.loads((run_dir / "eval.json").read_text())["lengths"]
+    assert "by_position" in saved["3"] and "by_position" not in saved["4"]
+    code, out, err = run(capsys, "evaluate", str(run_dir), "--lengths", "3")
+    assert code == 0, err  # scored again without the option: the length's entry is replaced
+    assert "by_position" not in json.loads((run_dir / "eval.json").read_text())["lengths"]["3"]
+
+
+def test_the_table_has_a_row_per_position_and_names_lengths_that_cannot_run(capsys, tmp_path):
+    """A learned table of 24 positions cannot run 20 reversed symbols (43 tokens): that length
+    is named under the table; when no length can run, that is the one-line error."""
+    out = tmp_path / "learned"
+    args = ["train", "quickstart", "sweep=null", "data.task=reverse", "encoding.name=learned",
+            "encoding.length=24", "data.train_lengths=[2,5]", *TINY_TEXT, "eval.lengths=[3]",
+            "--out", str(out)]  # fmt: skip
+    code, _, err = run(capsys, *args)
+    assert code == 0, err
+    code, shown, err = run(capsys, "evaluate", str(out), "--lengths", "3,20", "--by-position")
+    assert code == 0, err
+    labels = [line.split()[1] for line in shown.splitlines() if line.startswith("│")]
+    assert labels == ["1", "2", "3", "end"]  # three reversed symbols, then the end token
+    assert "n=3" in shown and "cannot run at n=20" in shown
+    code, _, err = run(capsys, "evaluate", str(out), "--lengths", "20", "--by-position")
+    assert code == 2 and "--by-position: no length could run (n=20" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_a_language_model_run_has_no_answer_positions(capsys, tmp_path):
     run_dir = trained(capsys, tmp_path, "text")
     code, _, err = run(capsys, "evaluate", str(run_dir), "--by-position")
-    assert code == 2 and "--by-position" in err and "algorithmic task" in err
+    assert code == 2 and "--by-position: a text run has no answer positions" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1

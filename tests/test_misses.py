@@ -83,4 +83,4 @@ def test_bad_misses_paths_and_tasks_are_one_line_errors(capsys, tmp_path):
     code, _, err = run(capsys, "evaluate", str(run_dir), "--misses", str(tmp_path / "new" / "m"))
     assert code == 0 and (tmp_path / "new" / "m").is_file()  # folders made on the way
     with pytest.raises(UsageError, match="--misses: .* algorithmic task"):
-        check_listable(object(), "--misses")  # a language model's text has no problems
+        check_listable(object(), "--misses", "has no problems to list")  # a language model

@@ -51,9 +51,6 @@ def natural_key(label: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", label)]
 
 
-MERGED = ("lengths", "by_position")  # what a new evaluation adds to rather than replaces
-
-
 def save_evaluation(path: Path, result: dict[str, Any]) -> dict[str, Any]:
     """Write ``result`` to ``path`` without losing what the file already records: its new
     lengths replace those of the same key, the others stay, in natural order. A damaged file is
@@ -63,9 +60,8 @@ def save_evaluation(path: Path, result: dict[str, Any]) -> dict[str, Any]:
     except (OSError, ValueError):  # none yet, or damaged: nothing to keep
         old = None
     merged = dict(result)
-    for part in MERGED:  # both keyed by length
-        if isinstance(old, dict) and isinstance(old.get(part), dict):
-            points = {**old[part], **result.get(part, {})}
-            merged[part] = {key: points[key] for key in sorted(points, key=natural_key)}
+    if isinstance(old, dict) and isinstance(old.get("lengths"), dict):
+        points = {**old["lengths"], **result["lengths"]}
+        merged["lengths"] = {key: points[key] for key in sorted(points, key=natural_key)}
     atomic_write_json(path, merged)
     return merged

@@ -35,7 +35,9 @@ class PositionTally:
 
     def accuracy(self) -> dict[str, list[float]]:
         """Length -> accuracy at answer positions 1..K, the last one the end token."""
-        return {str(n): (self.right[n] / self.scored[n]).tolist() for n in sorted(self.right)}
+        return {
+            str(n): (self.right[n].double() / self.scored[n]).tolist() for n in sorted(self.right)
+        }
 
 
 def position_rows(by_length: dict[str, list[float]]) -> tuple[list[str], list[list[str]]]:

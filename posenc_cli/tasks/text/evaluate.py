@@ -71,15 +71,17 @@ def evaluate_run(
         raise UsageError("--lengths must be positive and --shift >= 0, e.g. --lengths 16,32,64")
     recipe, model, task = load_run(run_dir, overrides)
     if misses is not None:
-        check_listable(task, "--misses")
+        check_listable(task, "--misses", "has no problems to list")
     if positions is not None:
-        check_listable(task, "--by-position")
+        check_listable(task, "--by-position", "has no answer positions")
 
     def watch(length: int, index: int, batch: Any, logits: torch.Tensor) -> None:
         if misses is not None:
             misses.extend(missed(task, length, index, batch.tokens, batch.targets, logits))
         if positions is not None:
             positions.add(length, batch, logits)
+
+    watching = misses is not None or positions is not None
 
     device = pick_device(recipe.train.device)
     model.to(device)
@@ -97,7 +99,7 @@ def evaluate_run(
                 device,
                 offset=shift,
                 span=recipe.model.random_positions,
-                watch=watch,
+                watch=watch if watching else None,
             )
         except UsageError as err:  # e.g. a learned table shorter than this length
             rows[str(length)] = {"error": str(err)}
@@ -123,7 +125,7 @@ def score(run_dir: Path, overrides: list[str], options: dict[str, Any]) -> Evalu
     (a JSON Lines file of the problems it got wrong) and by_position (accuracy per answer
     position, which then makes the table and the curve)."""
     records = None if options.get("misses") is None else []
-    tally = PositionTally() if options.get("by_position") else None
+    tally = PositionTally() if options["by_position"] else None
     result = evaluate_run(
         run_dir, overrides, options["lengths"], options["shift"], write=False,
         misses=records, positions=tally,
@@ -133,7 +135,16 @@ def score(run_dir: Path, overrides: list[str], options: dict[str, Any]) -> Evalu
         write_misses(options["misses"], records)
         note = f"{len(records)} missed problem(s) written to {options['misses']}"
     if tally is not None:
-        result["by_position"] = tally.accuracy()
+        # inside each length's entry, so a later score of that length replaces it as a whole
+        for n, accuracy in tally.accuracy().items():
+            result["lengths"][n]["by_position"] = accuracy
+    low, high = result["train_lengths"]
+    title = (
+        f"{run_dir}: {result['encoding']}, trained on lengths {low}-{high}, shift {result['shift']}"
+    )
+    curve = f"{run_dir} (shift {result['shift']})"
+    if tally is not None:
+        return by_position_table(result, run_dir, title, curve, options["out"], note)
     rows = []
     for n, r in result["lengths"].items():
         if "error" in r:
@@ -145,20 +156,34 @@ def score(run_dir: Path, overrides: list[str], options: dict[str, Any]) -> Evalu
         s = result["stream"]
         rows.append(["stream", f"{s['loss']:.4f}", f"{s['perplexity']:.3f}",
                      f"{s['token_accuracy']:.4f}", ""])  # fmt: skip
-    low, high = result["train_lengths"]
-    title = (
-        f"{run_dir}: {result['encoding']}, trained on lengths {low}-{high}, shift {result['shift']}"
-    )
     columns = ["length", "loss", "perplexity", "token accuracy", "exact match"]
     pictures = []
-    curve = f"{run_dir} (shift {result['shift']})"
-    if tally is not None:
-        columns, rows = position_rows(result["by_position"])
-        if options["out"] is not None:
-            pictures.append((options["out"], position_picture(result["by_position"], curve)))
-    elif options["out"] is not None:
+    if options["out"] is not None:
         pictures.append(
             (options["out"], curve_picture(result, "token_accuracy", curve, (low, high)))
         )
     saved_to = run_dir / eval_name(result["shift"])
     return Evaluated(result, saved_to, title, columns, rows, pictures, note)
+
+
+def by_position_table(
+    result: dict[str, Any], run_dir: Path, title: str, curve: str, out: Path | None, note: str | None
+) -> Evaluated:
+    """`--by-position`: the table (and curve) of accuracy per answer position, one column per
+    length; lengths the encoding cannot run at are named below it, and if none could run that
+    is the error."""
+    by_length = {n: r["by_position"] for n, r in result["lengths"].items() if "by_position" in r}
+    failed = [f"n={n}: {r['error']}" for n, r in result["lengths"].items() if "error" in r]
+    if not by_length:
+        raise UsageError(
+            f"--by-position: no length could run ({failed[0]}); give lengths this encoding "
+            "can run at"
+        )
+    notes = [note] if note else []
+    notes += [f"cannot run at {line}" for line in failed]
+    columns, rows = position_rows(by_length)
+    pictures = [] if out is None else [(out, position_picture(by_length, curve))]
+    saved_to = run_dir / eval_name(result["shift"])
+    return Evaluated(
+        result, saved_to, title, columns, rows, pictures, "\n".join(notes) or None
+    )

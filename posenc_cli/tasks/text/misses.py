@@ -24,12 +24,13 @@ from posenc_cli.runs.checkpoint import atomic_write_text
 SPECIALS = {PAD: "PAD", BOS: "BOS", SEP: "SEP", EOS: "EOS", PLUS: "+"}
 
 
-def check_listable(task: Any, flag: str) -> None:
-    """Only the algorithmic tasks have problems with one answer (``flag`` names the option)."""
+def check_listable(task: Any, flag: str, lacks: str) -> None:
+    """Only the algorithmic tasks have problems laid out as input, separator and answer
+    (``flag`` names the option asking, ``lacks`` what the others do not have)."""
     if not hasattr(task, "layout"):
         raise UsageError(
-            f"{flag}: a {getattr(task, 'name', 'language-model')} run has no problems with "
-            "one answer; use it with an algorithmic task (copy, reverse, sort, parity, ...)"
+            f"{flag}: a {getattr(task, 'name', 'language-model')} run {lacks}; use it with an "
+            "algorithmic task (copy, reverse, sort, parity, ...)"
         )
 
 
