@@ -167,7 +167,12 @@ def score(run_dir: Path, overrides: list[str], options: dict[str, Any]) -> Evalu
 
 
 def by_position_table(
-    result: dict[str, Any], run_dir: Path, title: str, curve: str, out: Path | None, note: str | None
+    result: dict[str, Any],
+    run_dir: Path,
+    title: str,
+    curve: str,
+    out: Path | None,
+    note: str | None,
 ) -> Evaluated:
     """`--by-position`: the table (and curve) of accuracy per answer position, one column per
     length; lengths the encoding cannot run at are named below it, and if none could run that
@@ -184,6 +189,4 @@ def by_position_table(
     columns, rows = position_rows(by_length)
     pictures = [] if out is None else [(out, position_picture(by_length, curve))]
     saved_to = run_dir / eval_name(result["shift"])
-    return Evaluated(
-        result, saved_to, title, columns, rows, pictures, "\n".join(notes) or None
-    )
+    return Evaluated(result, saved_to, title, columns, rows, pictures, "\n".join(notes) or None)

@@ -79,7 +79,7 @@ def evaluate_length(
 ) -> dict[str, float]:
     """Mean metrics over ``batches`` fixed test batches of problem size ``length``; with
     ``span``, positions drawn by training's rule (after the batch, from its generator);
-    ``watch(length, index, batch, logits)`` sees every batch (for ``--misses``, ``--by-position``)."""
+    ``watch(length, index, batch, logits)`` sees every batch (``--misses``, ``--by-position``)."""
     model.eval()
     tally = Tally()
     for i in range(batches):
