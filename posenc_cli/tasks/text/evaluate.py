@@ -81,8 +81,6 @@ def evaluate_run(
         if positions is not None:
             positions.add(length, batch, logits)
 
-    watching = misses is not None or positions is not None
-
     device = pick_device(recipe.train.device)
     model.to(device)
     lengths = lengths or list(recipe.eval.lengths)
@@ -99,7 +97,7 @@ def evaluate_run(
                 device,
                 offset=shift,
                 span=recipe.model.random_positions,
-                watch=watch if watching else None,
+                watch=watch,
             )
         except UsageError as err:  # e.g. a learned table shorter than this length
             rows[str(length)] = {"error": str(err)}
