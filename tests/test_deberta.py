@@ -171,9 +171,9 @@ def test_causal_half_table_on_spread_positions_matches_dense_reference(buckets):
     widths = []
     term = enc.term
 
-    def spy(x, proj, window, a_pos, b_pos):
+    def spy(x, proj, window, a_pos, b_pos, transposed=False):
         widths.append(window[1] - window[0] + 1)
-        return term(x, proj, window, a_pos, b_pos)
+        return term(x, proj, window, a_pos, b_pos, transposed)
 
     enc.term = spy
     grads = []

@@ -45,8 +45,9 @@ Deviations from the paper and the reference code (microsoft/DeBERTa, HF transfor
 
 Efficiency: ``q @ K^r.T`` is computed once per table row some pair reads (the rows between
 those of the extreme distances: 127 of v2's 512 at 64 tokens), ``(B, H, Nq, rows)``, and gathered
-by index; p2c likewise from ``k @ Q^r.T``, ``(B, H, Nk, rows)``, gathered and transposed (or,
-where the rows outnumber the keys, each pair's row picked first: ``table_products``). No
+by index; p2c likewise from ``k @ Q^r.T``, ``(B, H, Nk, rows)``, gathered straight into the
+queries' layout (``gather_by_key``; gathered by key, its sum with c2p was a strided add), or,
+where the rows outnumber the keys, each pair's row picked first (``table_products``). No
 batch-sized ``(B, Nq, Nk, d)`` tensor is built. Asked block by block (``bias_by_block``), both
 products are made once per call and each block gathers from its rows and keys of them, and
 scatters its gradient back into theirs by hand. Under a causal mask (``visible_bias``, and
@@ -63,7 +64,12 @@ from torch import Tensor, nn
 
 from posenc_cli.encodings.base import PositionEncoding
 from posenc_cli.errors import UsageError
-from posenc_cli.kernels.buckets import gather_buckets, table_products
+from posenc_cli.kernels.buckets import (
+    gather_buckets,
+    gather_by_key,
+    scatter_add_by_key,
+    table_products,
+)
 
 
 def log_bucket_positions(
@@ -100,11 +106,9 @@ def relative_index(rel: Tensor, span: int) -> Tensor:
     return (rel + span).clamp(0, 2 * span - 1)
 
 
-def both_terms(c2p: Tensor | None, by_key: Tensor | None) -> Tensor:
-    """c2p + p2c of every pair, ``(B, H, Nq, Nk)``, from the terms that are on: c2p by query,
-    p2c by key (``(B, H, Nk, Nq)``, transposed here). Both are fresh tensors, so c2p takes p2c in
-    place."""
-    p2c = None if by_key is None else by_key.transpose(-2, -1)
+def both_terms(c2p: Tensor | None, p2c: Tensor | None) -> Tensor:
+    """c2p + p2c of every pair, ``(B, H, Nq, Nk)``, from the terms that are on. Both are fresh
+    tensors, so c2p takes p2c in place."""
     if c2p is None or p2c is None:
         return p2c if c2p is None else c2p
     return c2p.add_(p2c)
@@ -199,19 +203,22 @@ class DebertaDisentangled(PositionEncoding):
         one process), and 44.3 with each term through ``table_products``, which picks each
         pair's row first where rows outnumber keys."""
         (c2p_window, p2c_window), scale = self.windows(q_pos, k_pos, causal), self.logit_scale()
-        c2p = by_key = None
+        c2p = p2c = None
         if self.pos_key is not None:
             c2p = self.term(q * scale, self.pos_key, c2p_window, q_pos, k_pos)
         if self.pos_query is not None:
-            by_key = self.term(k * scale, self.pos_query, p2c_window, k_pos, q_pos)
-        return both_terms(c2p, by_key)
+            p2c = self.term(k * scale, self.pos_query, p2c_window, k_pos, q_pos, transposed=True)
+        return both_terms(c2p, p2c)
 
-    def term(self, x: Tensor, proj: nn.Linear, window: tuple[int, int], a_pos, b_pos) -> Tensor:
+    def term(
+        self, x: Tensor, proj: nn.Linear, window: tuple[int, int], a_pos, b_pos, transposed=False
+    ) -> Tensor:
         """``x_a`` times the projected table row ``delta(a, b)`` reads, for every pair of ``a``
-        (the queries for c2p, the keys for p2c) and ``b``, ``(B, H, Na, Nb)``."""
+        (the queries for c2p, the keys for p2c) and ``b``, ``(B, H, Na, Nb)``, or with
+        ``transposed`` ``(B, H, Nb, Na)`` laid out that way (p2c, by query)."""
         first, last = window
         rows = self.per_head(proj)[..., first : last + 1].transpose(-2, -1)  # (H, w, d)
-        return table_products(x, rows, self.rows_read(a_pos, b_pos, window))
+        return table_products(x, rows, self.rows_read(a_pos, b_pos, window), transposed)
 
     def window(self, a_pos: Tensor, b_pos: Tensor, c2p: bool, causal: bool) -> tuple[int, int]:
         """The first and last table row a pair of ``a_pos`` and ``b_pos`` can read (``a`` the
@@ -259,12 +266,12 @@ class DebertaDisentangled(PositionEncoding):
     def gathered(self, c2p_rows, p2c_rows, q_pos: Tensor, k_pos: Tensor, windows) -> Tensor:
         """c2p + p2c of every pair (the scores already scaled), a new tensor: each pair's table
         row picked from the scores."""
-        c2p = by_key = None
+        c2p = p2c = None
         if c2p_rows is not None:
             c2p = gather_buckets(c2p_rows, self.rows_read(q_pos, k_pos, windows[0]))
         if p2c_rows is not None:
-            by_key = gather_buckets(p2c_rows, self.rows_read(k_pos, q_pos, windows[1]))
-        return both_terms(c2p, by_key)
+            p2c = gather_by_key(p2c_rows, self.rows_read(k_pos, q_pos, windows[1]).T)
+        return both_terms(c2p, p2c)
 
     def bias_by_block(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, causal=False):
         """The scores per table row once for all queries and keys (per block, a causal block of
@@ -288,9 +295,7 @@ class DebertaDisentangled(PositionEncoding):
                 rows = self.rows_read(q_pos_b, k_pos_b, windows[0]).expand(d_bias.shape)
                 d_rows.scatter_add_(-1, rows, d_bias)
             if on[1]:
-                by_key = d_bias.transpose(-2, -1)  # (B, H, keys, rows)
-                rows = self.rows_read(k_pos_b, q_pos_b, windows[1]).expand(by_key.shape)
-                d_keys.scatter_add_(-1, rows, by_key)
+                scatter_add_by_key(d_keys, self.rows_read(k_pos_b, q_pos_b, windows[1]).T, d_bias)
             return []  # no leaves: the tables reach autograd through the two products
 
         block.tiles_freely = True  # a gather per pair: the kernel may cut a block's keys in tiles
