@@ -6,6 +6,8 @@ kernel are checked on CUDA, skipped cleanly without a GPU."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -169,6 +171,49 @@ def test_every_mod_of_the_gpu_path_traces_into_one_graph(case, monkeypatch):
         monkeypatch.setattr(flex, "kernel", lambda q: flex.compiled("eager"))
         got = att.flex(q, k, v, pos, pos, 0.3)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+# one case of each kind of mod inductor lowers: the distance table under the causal mask, FIRE's
+# own score_mod, a sequence's band, a grid's offset table with prefix tokens under the window
+INDUCTOR = ["alibi-causal", "fire-causal", "alibi-band", "swin-window"]
+compiler = pytest.mark.skipif(shutil.which("g++") is None, reason="inductor needs a C++ compiler")
+
+
+@compiler
+@pytest.mark.parametrize(
+    "case", [c for c in attention_cases() if c[0] in INDUCTOR], ids=lambda case: case[0]
+)
+def test_inductor_compiles_each_kind_of_mod_on_the_cpu(case, monkeypatch):
+    """What CUDA runs, lowered by inductor (its CPU template; forward only, no gradients there)
+    at lengths off the block (40 and 43 tokens, padded to 128): the same values as the unfused
+    call. Unpadded, such lengths came out wrong on the CPU in torch 2.14."""
+    _, att, pos = case
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, len(pos), 8) for _ in range(3))
+    with torch.no_grad():
+        want = att.flex(q, k, v, pos, pos, 0.3)
+        monkeypatch.setattr(flex, "kernel", lambda q: flex.compiled("inductor"))
+        got = att.flex(q, k, v, pos, pos, 0.3)
+    assert len(pos) % flex.BLOCK != 0
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_padding_hides_the_padded_keys_and_never_reads_positions_out_of_range():
+    """A call off the block is padded: with no mask of its own it gains one for the padded keys,
+    and its score_mod sees only real indices (a read past the positions raises in eager)."""
+    torch.manual_seed(0)
+    n = 37
+    pos = torch.arange(n)
+    q, k, v = (randn(1, 2, n, 8) for _ in range(3))
+
+    def mod(score, b, h, q_idx, kv_idx):
+        return score + pos[kv_idx].to(score.dtype) * 0.01 - pos[q_idx].to(score.dtype) * 0.02
+
+    with torch.no_grad():
+        got = flex.attention(q, k, v, mod, None, 0.5)
+    bias = pos.double()[None, :] * 0.01 - pos.double()[:, None] * 0.02
+    torch.testing.assert_close(got, dense(q, k, v, bias, None, 0.5), rtol=0, atol=1e-10)
+    assert got.shape == (1, 2, n, 8)
 
 
 def test_block_masks_are_built_once_per_pattern_and_positions(monkeypatch):

@@ -5,7 +5,9 @@ kv_idx)`` into a flash-style kernel and skips the blocks a ``BlockMask`` rules o
 costs no ``(H, N, N)`` tensor and a causal or window mask skips its blocks. Captured tensors (the
 tables below) receive gradients. The compiled kernel runs on CUDA; on the CPU FlexAttention runs
 eagerly and only without gradients (torch 2.14 raises in the backward), which is how the tests
-pin every ``score_mod`` against the explicit path.
+pin every ``score_mod`` against the explicit path. They also compile one call of each kind of
+mod with inductor, whose CPU template runs the forward: the lowering CUDA's kernel goes through,
+though not its code generation.
 
 The score_mods here read small tables, never a per-pair tensor:
 - ``distance_mod``: a bias of ``j - i`` alone (ALiBi, T5, KERPLE, Sandwich), ``(H, distances)``;
@@ -113,7 +115,8 @@ def allow_recompiles() -> None:
 def compiled(backend: str = "inductor"):
     """flex_attention compiled into one graph, so a score_mod or mask_mod that breaks the graph
     fails loudly instead of falling back. CUDA takes inductor's fused kernel; the CPU tests
-    trace the same graphs with the ``eager`` backend, which has no backward here either."""
+    trace the same graphs with the ``eager`` backend, and a few with inductor's CPU template
+    (forward only: neither has a backward on the CPU)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     allow_recompiles()
@@ -171,6 +174,42 @@ def block_mask(mask_mod, key: tuple, Nq: int, Nk: int, device: torch.device):
     return made
 
 
+# FlexAttention's default block. Inputs are padded to a multiple of it: compiled, a length off
+# the block gave wrong values on the CPU here (torch 2.14: plain attention at 40 tokens, off by
+# up to 0.4), and on CUDA such lengths with both a score_mod and a block mask gave NaN gradients
+# (pytorch/pytorch issue 153799). Padding costs at most one block of keys per call.
+BLOCK = 128
+
+
+def padded(n: int) -> int:
+    return -(-n // BLOCK) * BLOCK
+
+
+def within(score_mod: ScoreMod | None, mask_mod, n_q: int, n_k: int):
+    """The mods of a call padded past ``n_q`` queries and ``n_k`` keys: every index clamped into
+    the real ones, so a captured position tensor is never read out of range, and the padded
+    keys hidden."""
+
+    def real(q_idx, kv_idx):
+        return q_idx.clamp(max=n_q - 1), kv_idx.clamp(max=n_k - 1)
+
+    def mask(b, h, q_idx, kv_idx):
+        keys = kv_idx < n_k
+        return keys if mask_mod is None else keys & mask_mod(b, h, *real(q_idx, kv_idx))
+
+    if score_mod is None:
+        return None, mask
+
+    def score(value, b, h, q_idx, kv_idx):
+        return score_mod(value, b, h, *real(q_idx, kv_idx))
+
+    return score, mask
+
+
+def pad_rows(x: Tensor, rows: int) -> Tensor:
+    return torch.nn.functional.pad(x, (0, 0, 0, rows - x.shape[-2]))
+
+
 def attention(
     q: Tensor,
     k: Tensor,
@@ -181,7 +220,14 @@ def attention(
     mask_key: tuple | None = None,
 ) -> Tensor:
     """FlexAttention with ``score_mod`` and a block mask built from ``mask_mod``, cached under
-    ``mask_key`` when one is given (it must name everything the mask_mod reads)."""
+    ``mask_key`` when one is given (it must name everything the mask_mod reads). Queries and
+    keys are padded to whole blocks (``BLOCK``) and the output cut back."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    if (padded(n_q), padded(n_k)) != (n_q, n_k):
+        q, k, v = pad_rows(q, padded(n_q)), pad_rows(k, padded(n_k)), pad_rows(v, padded(n_k))
+        if mask_key is not None or mask_mod is None:  # the mask now reads the real lengths too
+            mask_key = ("padded", n_q, n_k, mask_key)
+        score_mod, mask_mod = within(score_mod, mask_mod, n_q, n_k)
     masked = None
     if mask_mod is not None:
         Nq, Nk = q.shape[-2], k.shape[-2]
@@ -191,4 +237,5 @@ def attention(
             masked = create_block_mask(mask_mod, None, None, Nq, Nk, device=q.device)
         else:
             masked = block_mask(mask_mod, mask_key, Nq, Nk, q.device)
-    return kernel(q)(q, k, v, score_mod=score_mod, block_mask=masked, scale=scale)
+    out = kernel(q)(q, k, v, score_mod=score_mod, block_mask=masked, scale=scale)
+    return out[..., :n_q, :]
