@@ -173,9 +173,10 @@ def test_every_mod_of_the_gpu_path_traces_into_one_graph(case, monkeypatch):
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-# one case of each kind of mod inductor lowers: the distance table under the causal mask, FIRE's
-# own score_mod, a sequence's band, a grid's offset table with prefix tokens under the window
-INDUCTOR = ["alibi-causal", "fire-causal", "alibi-band", "swin-window"]
+# one case of each kind of mod inductor lowers: the distance table under the causal mask and
+# with no mask of its own (only the padded keys'), FIRE's own score_mod, a sequence's band, a
+# grid's offset table with prefix tokens under the window
+INDUCTOR = ["alibi-causal", "alibi-bidirectional", "fire-causal", "alibi-band", "swin-window"]
 compiler = pytest.mark.skipif(shutil.which("g++") is None, reason="inductor needs a C++ compiler")
 
 
@@ -249,7 +250,7 @@ def test_block_masks_are_built_once_per_pattern_and_positions(monkeypatch):
 
 
 def test_more_shapes_than_dynamos_default_limit_still_compile(monkeypatch):
-    """One static kernel per shape: a profile visits more lengths than dynamo's default of 8,
+    """One static kernel per length: a profile visits more lengths than dynamo's default of 8,
     and with fullgraph the 9th would be an error rather than a fallback."""
     monkeypatch.setattr(flex, "kernel", lambda q: flex.compiled("eager"))
     enc = build_encoding("alibi", dim=32, heads=4, head_dim=8, causal=True)

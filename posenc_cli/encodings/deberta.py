@@ -215,7 +215,7 @@ class DebertaDisentangled(PositionEncoding):
     ) -> Tensor:
         """``x_a`` times the projected table row ``delta(a, b)`` reads, for every pair of ``a``
         (the queries for c2p, the keys for p2c) and ``b``, ``(B, H, Na, Nb)``, or with
-        ``transposed`` ``(B, H, Nb, Na)`` laid out that way (p2c, by query)."""
+        ``transposed`` ``(B, H, Nb, Na)`` (p2c, by query; see ``table_products``)."""
         first, last = window
         rows = self.per_head(proj)[..., first : last + 1].transpose(-2, -1)  # (H, w, d)
         return table_products(x, rows, self.rows_read(a_pos, b_pos, window), transposed)

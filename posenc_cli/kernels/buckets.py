@@ -31,7 +31,8 @@ def gather_buckets(scores: Tensor, bucket: Tensor) -> Tensor:
 
 def gather_by_key(scores: Tensor, ids: Tensor) -> Tensor:
     """Pick each pair's bucket score from the key's row: ``(B, H, Nk, nb)`` by ``(Nq, Nk)`` ids
-    -> ``(B, H, Nq, Nk)``, laid out by query.
+    -> ``(B, H, Nq, Nk)``, laid out by query. The ids must lie in ``0..nb-1``: unchecked, one
+    past a row would read the next key's.
 
     DeBERTa's p2c term reads ``k_j``'s score at pair (i, j)'s bucket. Gathered by key and then
     transposed, its sum with the c2p term was a strided add; one gather from the key rows laid

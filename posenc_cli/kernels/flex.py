@@ -101,9 +101,10 @@ def band_mask(seen: Visibility, q_pos: Tensor, k_pos: Tensor):
     return mask
 
 
-# One compiled kernel per shape (dynamic=False: the static kernels are flex's fastest), and a
-# profile or benchmark visits more shapes than dynamo's default of 8 per function; with
-# fullgraph, going past it would be an error rather than a slow fallback.
+# One compiled kernel per length (dynamic=False: the static kernels are flex's fastest; the
+# real lengths a padded call's mods read are constants too), and a profile or benchmark visits
+# more lengths than dynamo's default of 8 per function; with fullgraph, going past it would be
+# an error rather than a slow fallback.
 RECOMPILES = 64
 
 
@@ -147,7 +148,7 @@ def kernel(q: Tensor):
     return compiled() if q.is_cuda else eager
 
 
-BLOCK_MASKS_KEPT = 8  # the lengths one model sees in training and evaluation
+BLOCK_MASKS_KEPT = 16  # the lengths one model sees in training and evaluation, masked or padded
 _block_masks: OrderedDict = OrderedDict()
 
 
@@ -177,7 +178,8 @@ def block_mask(mask_mod, key: tuple, Nq: int, Nk: int, device: torch.device):
 # FlexAttention's default block. Inputs are padded to a multiple of it: compiled, a length off
 # the block gave wrong values on the CPU here (torch 2.14: plain attention at 40 tokens, off by
 # up to 0.4), and on CUDA such lengths with both a score_mod and a block mask gave NaN gradients
-# (pytorch/pytorch issue 153799). Padding costs at most one block of keys per call.
+# (pytorch/pytorch issue 153799). Padding costs up to 127 more rows of queries and keys, a copy
+# of q, k and v, and a block mask (for the padded keys) where a call had none.
 BLOCK = 128
 
 
