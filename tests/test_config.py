@@ -450,6 +450,8 @@ BAD_OVERRIDES = [
     (["data.train_lengths=[0, 5]"], "data.train_lengths", "1 <= min <= max"),
     (["data.train_lengths=[5]"], "data.train_lengths", "[min, max]"),
     (["data.task=cpy"], "data.task", "did you mean 'copy'"),
+    (["data.curriculum=-1"], "data.curriculum", ">= 0"),
+    (["data.task=word-order", "data.curriculum=100"], "data.curriculum", "algorithmic task"),
     (["eval.lengths=[]"], "eval.lengths", "non-empty"),
     (["data.corpus=no/such/file.txt"], "data.corpus", "no such file"),
     (["data.task=word-order", "model.mem_len=16"], "model.mem_len", "language-model"),

@@ -12,6 +12,7 @@ from torch import nn
 
 from posenc_cli.data import IGNORE, TASKS, Batch, Score, Task, build_task, score
 from posenc_cli.data import text as text_module
+from posenc_cli.data.batch import curriculum_largest
 from posenc_cli.errors import UsageError
 
 ALGORITHMIC = [
@@ -431,3 +432,24 @@ def test_score_of_a_real_batch(name: str) -> None:
     wrong[0, first] += 1
     s = score(wrong, b.targets)
     assert s.exact == 15 and s.correct == s.scored - 1
+
+
+def test_a_length_curriculum_grows_the_largest_size_evenly_to_the_range_end() -> None:
+    """Sizes 1-20 over 10 steps: the largest size drawn at step s is 1 + ceil(19 (s + 1) / 10),
+    20 from the curriculum's last step on; with no curriculum, 20 from the start."""
+    ramp = [curriculum_largest(step, (1, 20), 10) for step in range(12)]
+    assert ramp == [3, 5, 7, 9, 11, 13, 15, 17, 19, 20, 20, 20]
+    assert curriculum_largest(0, (1, 20), 0) == 20
+    assert curriculum_largest(0, (5, 5), 100) == 5
+
+
+@pytest.mark.parametrize("largest", [1, 4, 9])
+def test_a_training_batch_under_a_curriculum_draws_no_size_past_its_largest(largest: int) -> None:
+    """Copy's sequence of size n holds 2n + 3 tokens (BOS, SEP, EOS): count them per row."""
+    task = build_task(Cfg(task="copy", vocab=6, train_lengths=[1, 9]))
+    seen = set()
+    for seed in range(20):
+        batch = task.batch(64, 0, torch.Generator().manual_seed(seed), "train", largest=largest)
+        real = (batch.tokens != 0).sum(1) if batch.key_mask is None else batch.key_mask.sum(1)
+        seen |= {(int(t) - 3) // 2 for t in real}
+    assert seen == set(range(1, largest + 1))  # every size up to it, none past it

@@ -64,6 +64,33 @@ def test_resume_after_ctrl_c_ends_where_the_uninterrupted_run_ends(tmp_path):
     assert steps == [4, 8, 12]  # nothing logged twice, nothing missing
 
 
+def test_a_curriculum_run_draws_growing_sizes_and_resumes_exactly(tmp_path, monkeypatch):
+    """``data.curriculum``: each step's batch is asked for sizes up to the ramp's value, and a
+    run cut at step 6 and resumed ends where the uninterrupted run ends."""
+    from posenc_cli.data.algorithmic import AlgorithmicTask
+
+    asked = []
+    batch = AlgorithmicTask.batch
+
+    def spy(self, *args, largest=None, **kwargs):
+        if args[-1] == "train":
+            asked.append(largest)
+        return batch(self, *args, largest=largest, **kwargs)
+
+    monkeypatch.setattr(AlgorithmicTask, "batch", spy)
+    recipe = tiny("data.curriculum=8")
+    lo, hi = recipe.data.train_lengths
+    whole = train(recipe, tmp_path / "whole")
+    assert asked == [lo + -(-(hi - lo) * (s + 1) // 8) if s < 7 else hi for s in range(12)]
+    assert asked[0] < hi
+    with pytest.raises(KeyboardInterrupt):
+        train(recipe, tmp_path / "cut", interrupt_at=6)
+    resumed = train(recipe, tmp_path / "cut", resume=True)
+    assert val_only(resumed["final"]) == val_only(whole["final"])
+    plain = train(tiny(), tmp_path / "plain")
+    assert val_only(plain["final"]) != val_only(whole["final"])
+
+
 def test_resume_under_another_thread_count_says_it_will_not_repeat_the_run(tmp_path, capsys):
     """The checkpoint records the thread count; resuming under another one (it orders the float
     sums) warns in one line how to repeat the run, and under the same count says nothing."""

@@ -155,9 +155,17 @@ class AlgorithmicTask:
         return tokens, targets
 
     def batch(
-        self, batch_size: int, length: int, generator: torch.Generator, split: Split
+        self,
+        batch_size: int,
+        length: int,
+        generator: torch.Generator,
+        split: Split,
+        largest: int | None = None,
     ) -> Batch:
-        sizes = problem_sizes(batch_size, length, self.train_lengths, generator, split)
+        """``largest``: training draws sizes up to it only (a length curriculum)."""
+        lo, hi = self.train_lengths
+        sizes_from = (lo, hi if largest is None else max(lo, min(hi, largest)))
+        sizes = problem_sizes(batch_size, length, sizes_from, generator, split)
         if split == "test":
             self.check_size(length, "length")
         lengths = torch.tensor([self.layout(n).length for n in sizes.tolist()], dtype=torch.long)

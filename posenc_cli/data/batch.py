@@ -73,13 +73,25 @@ def problem_sizes(
     generator: torch.Generator,
     split: Split,
 ) -> Tensor:
-    """One problem size per example, ``(B,)`` long: drawn in training, ``length`` in test."""
+    """One problem size per example, ``(B,)`` long: drawn in training (uniform over the range),
+    ``length`` in test."""
     if split == "train":
         lo, hi = train_lengths
         return torch.randint(lo, hi + 1, (batch_size,), generator=generator)
     if split == "test":
         return torch.full((batch_size,), length, dtype=torch.long)
     raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+
+
+def curriculum_largest(step: int, train_lengths: tuple[int, int], steps: int) -> int:
+    """The largest problem size drawn at ``step`` (from 0) under a curriculum of ``steps``: it
+    grows evenly from just above the smallest to the largest size, reached at the last step of
+    the curriculum; with ``steps`` 0, the largest from the start. A function of the step alone,
+    so a resumed run draws what the uninterrupted one drew."""
+    lo, hi = train_lengths
+    if steps <= 0:
+        return hi
+    return min(hi, lo + -(-(hi - lo) * (step + 1) // steps))
 
 
 def size_groups(sizes: Tensor) -> list[tuple[int, Tensor]]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from posenc_cli.data import TASKS
+from posenc_cli.data import TASKS, AlgorithmicTask
 from posenc_cli.errors import UsageError
 from posenc_cli.params import bounded, close_match
 
@@ -60,6 +60,9 @@ class DataConfig:
     vocab: int = bounded(16, lambda v: v >= 2, ">= 2", most=10_000_000)
     # inclusive [min, max]
     train_lengths: list[int] = bounded(factory=lambda: [5, 20], most=10_000_000)
+    # algorithmic tasks: the largest training size grows from min to max over this many steps,
+    # then stays there (a length curriculum); 0 = every size from the first step
+    curriculum: int = bounded(0, lambda v: v >= 0, ">= 0 (0 = off)", most=100_000_000)
     corpus: str | None = None  # text: a file or folder; None = the built-in stdlib corpus
     # text: held-out fraction (the tail of the corpus)
     val_fraction: float = bounded(0.1, lambda v: 0 < v < 1, "in (0, 1)")
@@ -122,6 +125,12 @@ def validate(recipe: Any, error: Error) -> None:
     if len(lengths) != 2 or not 1 <= lengths[0] <= lengths[1]:
         raise error(
             "data.train_lengths", f"expected [min, max] with 1 <= min <= max, got {lengths!r}"
+        )
+    if data.curriculum and not issubclass(TASKS[data.task], AlgorithmicTask):
+        raise error(
+            "data.curriculum",
+            f"a size curriculum needs an algorithmic task (copy, sort, ...), not "
+            f"{data.task!r}; set it to 0",
         )
     if data.corpus is not None and not Path(data.corpus).exists():
         raise error(

@@ -22,6 +22,7 @@ from rich.console import Console
 
 from posenc_cli.config import Recipe
 from posenc_cli.data import build_task
+from posenc_cli.data.batch import curriculum_largest
 from posenc_cli.metrics import Tally
 from posenc_cli.models.positions import random_positions
 from posenc_cli.models.text import build_text_model
@@ -136,6 +137,7 @@ def train(
         segments = Segments(stream, starts, recipe.data.train_lengths[1])
 
     lo, hi = recipe.data.train_lengths
+    curriculum = recipe.data.curriculum  # 0: every size from the first step
     span = recipe.model.random_positions  # 0: positions 0 .. T - 1
     tally = Tally()  # this period's training figures; only rank 0 reports and renews it
 
@@ -148,7 +150,11 @@ def train(
                 key_mask = None
             else:
                 length = int(torch.randint(lo, hi + 1, (1,), generator=gen))
-                batch = task.batch(cfg.batch_size, length, gen, "train")
+                if curriculum:
+                    largest = curriculum_largest(step, (lo, hi), curriculum)
+                    batch = task.batch(cfg.batch_size, length, gen, "train", largest=largest)
+                else:
+                    batch = task.batch(cfg.batch_size, length, gen, "train")
                 tokens, targets, key_mask = batch.tokens, batch.targets, batch.key_mask
             yield tokens, targets, key_mask, drawn_positions(span, tokens, gen)
 
