@@ -59,6 +59,7 @@ SHIPPED = [
     "text/length-gen/reverse",
     "text/length-gen/sort",
     "text/length-gen/summation",
+    "text/length-gen/summation-curriculum",
     "text/length-gen/summation-long",
     "text/lm-adaptive",
     "text/lm-adaptive-shaw",
@@ -145,6 +146,7 @@ def test_every_shipped_recipe_but_the_base_extends_it():
             parents = {
                 "text/length-gen/base": "../base.yaml",
                 "text/length-gen/summation-long": "summation.yaml",
+                "text/length-gen/summation-curriculum": "summation.yaml",
                 "text/length-gen/parity-long": "parity.yaml",
                 "text/lm-linear": "lm-extrapolation.yaml",
                 "text/lm-sparse": "lm-extrapolation.yaml",
