@@ -40,8 +40,7 @@ def gather_by_key(scores: Tensor, ids: Tensor) -> Tensor:
     256 x 256 tile, B = 4, H = 8, one thread).
     """
     B, H, Nk, nb = scores.shape
-    flat = ids + torch.arange(Nk, device=ids.device) * nb  # (Nq, Nk): into the rows end to end
-    picked = scores.reshape(B, H, Nk * nb).gather(-1, flat.reshape(1, 1, -1).expand(B, H, -1))
+    picked = scores.reshape(B, H, Nk * nb).gather(-1, _key_rows_end_to_end(ids, nb, B, H))
     return picked.view(B, H, *ids.shape)
 
 
@@ -51,9 +50,14 @@ def scatter_add_by_key(into: Tensor, ids: Tensor, grad: Tensor) -> None:
     must be contiguous together, as a slice of keys is). 3.7 against 6.0 ms per 256 x 256 tile
     for the scatter of the transposed gradient it replaces."""
     B, H, Nk, nb = into.shape
-    flat = ids + torch.arange(Nk, device=ids.device) * nb
-    index = flat.reshape(1, 1, -1).expand(B, H, -1)
+    index = _key_rows_end_to_end(ids, nb, B, H)
     into.view(B, H, Nk * nb).scatter_add_(-1, index, grad.reshape(B, H, -1))
+
+
+def _key_rows_end_to_end(ids: Tensor, nb: int, B: int, H: int) -> Tensor:
+    """``(Nq, Nk)`` bucket ids as indices into the key rows laid end to end, ``(B, H, Nq Nk)``."""
+    flat = ids + torch.arange(ids.shape[1], device=ids.device) * nb
+    return flat.reshape(1, 1, -1).expand(B, H, -1)
 
 
 def table_products(x: Tensor, table: Tensor, ids: Tensor, transposed: bool = False) -> Tensor:
