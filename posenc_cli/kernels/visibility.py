@@ -75,10 +75,13 @@ class Visibility:
         return seen
 
     def hidden(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
-        """``(rows, keys)``, True where the query may not see the key; None if it sees all."""
+        """``(rows, keys)``, True where the query may not see the key; None where every query
+        sees every key (most tiles of a causal staircase: filling their bias would copy it whole
+        for nothing)."""
         if not self.hides_some:
             return None
-        return ~self.sees(q_pos[:, None], k_pos[None, :])
+        hidden = ~self.sees(q_pos[:, None], k_pos[None, :])
+        return hidden if bool(hidden.any()) else None
 
     def hidden_distance(self, distance: Tensor) -> Tensor:
         """Per key-minus-query ``distance``, whether every such pair is hidden, globals aside."""
