@@ -13,6 +13,8 @@ from posenc_cli.kernels.visibility import Visibility
 from posenc_cli.models.attention import Attention
 
 ONE_D = ["alibi", "kerple", "sandwich", "fire", "t5"]
+# FIRE past its threshold: every row its own normaliser, every block its own range of inputs
+SETTINGS = {name: {} for name in ONE_D} | {"fire-past-threshold": {"threshold": 4.0}}
 
 
 def dense(q, k, v, bias, q_pos, k_pos, scale, causal):
@@ -32,16 +34,17 @@ def grads_of(out, inputs, seed):
     return torch.autograd.grad(out, inputs, torch.randn_like(out))
 
 
-@pytest.mark.parametrize("name", ONE_D)
+@pytest.mark.parametrize("setting", SETTINGS)
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("memory", [0, 7])
 @pytest.mark.parametrize("tile", [blocked_bias.KEY_TILE, 5])
-def test_kernel_equals_dense_attention(monkeypatch, name, causal, memory, tile):
+def test_kernel_equals_dense_attention(monkeypatch, setting, causal, memory, tile):
     """Tiles of 5 keys cut every block's keys into several tiles of the backward, the last
     shorter."""
     monkeypatch.setattr(blocked_bias, "KEY_TILE", tile)
     torch.manual_seed(0)
-    enc = build_encoding(name, dim=32, heads=4, head_dim=8, causal=causal).double()
+    name, params = setting.split("-")[0], SETTINGS[setting]
+    enc = build_encoding(name, dim=32, heads=4, head_dim=8, causal=causal, **params).double()
     N = 45
     q, k, v = qkv(4, N, N + memory)
     k_pos = torch.arange(3, 3 + N + memory)  # not from 0: positions are used, not indices

@@ -160,6 +160,36 @@ def test_fire_without_knees_is_one_line():
     torch.testing.assert_close(enc.piecewise(x), enc.mlp(x[..., None]).movedim(-1, 0))
 
 
+@pytest.mark.parametrize(
+    "lo, hi",
+    [(0.6, 0.7), (0.4, 0.6), (0.5, 0.9), (0.1, 0.5), (0.55, 0.55)],
+    ids=["between-knees", "across-a-knee", "from-a-knee", "to-a-knee", "one-value"],
+)
+def test_fire_keeps_as_relus_only_the_units_that_bend_inside_the_inputs_range(lo, hi):
+    """Units whose knee lies outside the inputs' range (or on its ends) are folded into one
+    line; the result is the MLP's, values and gradients, however the range sits on the knees.
+    (An input on a knee has two one-sided gradients; the MLP's relu'(0) = 0 is one of them, so
+    gradients are compared at the other inputs.)"""
+    enc = build("fire", causal=True)
+    first = enc.mlp[0]
+    with torch.no_grad():
+        first.weight[:, 0] = torch.linspace(-2.0, 2.0, first.weight.shape[0])
+        first.bias.copy_(-0.5 * first.weight[:, 0])  # every knee at 0.5 ...
+        first.weight[0, 0], first.bias[0] = 3.0, -0.6  # ... but one at 0.2
+    x = torch.linspace(lo, hi, 24, dtype=torch.float64).view(4, 6).requires_grad_()
+    fast, mlp = enc.piecewise(x), enc.mlp(x[..., None]).movedim(-1, 0)
+    torch.testing.assert_close(fast, mlp, atol=1e-12, rtol=1e-12)
+    off_knees = ((x.detach() - 0.5).abs() > 1e-9) & ((x.detach() - 0.2).abs() > 1e-9)
+    weights = torch.randn(fast.shape, dtype=torch.float64) * off_knees
+    inputs = [x, *enc.mlp.parameters()]
+    for a, b in zip(
+        torch.autograd.grad((fast * weights).sum(), inputs),
+        torch.autograd.grad((mlp * weights).sum(), inputs),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
 def test_fire_sees_only_the_distance_and_the_normaliser():
     """Below L two pairs at one distance share a bias wherever they sit; past L the query's
     position enters through psi(max(L, i)) alone."""

@@ -20,10 +20,10 @@ Conventions:
   depends on the distance alone; ``f_theta`` then runs once per distinct distance and the
   result is gathered into ``(1, H, Nq, Nk)``. Past ``L`` each row has its own normaliser and
   ``f_theta`` runs on every pair. A ReLU MLP of one input is piecewise linear, with a knee
-  where each hidden unit turns on, so it is evaluated as the line of the piece each input falls
-  in (``piecewise``): one slope and one intercept per head and pair, where the MLP would hold a
-  ``(Nq, Nk, hidden)`` intermediate twice. Values and gradients are the MLP's (both are linear
-  in the parameters on each piece).
+  where each hidden unit turns on, and a block's inputs span a short range that holds few of
+  the knees: the units without one there are a single line per head, so ``piecewise`` runs the
+  block through an MLP of the bending units and that line only, one matmul, where the full MLP
+  would hold a ``(Nq, Nk, hidden)`` intermediate twice. Values and gradients are the MLP's.
 """
 
 from __future__ import annotations
@@ -91,23 +91,28 @@ class Fire(PositionEncoding):
         return self.piecewise(ratio).unsqueeze(0)
 
     def piecewise(self, x: Tensor) -> Tensor:
-        """``f_theta(x)`` for every entry of ``x``, ``(H, *x.shape)``, as the line of the piece
-        of ``f_theta`` that holds it. Unit u turns on at ``x = -b_u / w_u``; between two knees
-        the units that are on are fixed, so ``f_theta(x) = slope * x + intercept`` there."""
+        """``f_theta(x)`` for every entry of ``x``, ``(H, *x.shape)``. Over the range ``x`` spans,
+        a unit whose input does not change sign is a straight line (on) or zero (off): those
+        fold into one line per head, and only the units that bend inside the range stay ReLUs.
+        So ``f_theta`` is a narrower MLP there, run as one matmul over the inputs, whose hidden
+        rows are the bending units and the line. Values and gradients are the MLP's."""
         first, second = self.mlp[0], self.mlp[2]
         w, b = first.weight[:, 0], first.bias  # (hidden,)
-        turning = w != 0  # a unit of weight 0 is on or off everywhere: no knee
-        knees = (-b[turning] / w[turning]).detach().sort().values  # (K,)
-        # one point inside each of the K + 1 pieces tells which units are on there
-        if len(knees):
-            inner = torch.cat([knees[:1] - 1, (knees[1:] + knees[:-1]) / 2, knees[-1:] + 1])
-        else:
-            inner = w.new_zeros(1)
-        on = (inner[:, None] * w + b > 0).to(w.dtype)  # (K + 1, hidden)
-        slope = (on * w) @ second.weight.T  # (K + 1, H)
-        intercept = (on * b) @ second.weight.T + second.bias  # (K + 1, H)
-        piece = torch.bucketize(x.detach().contiguous(), knees)  # (...), in 0..K
-        return per_pair(slope, piece) * x + per_pair(intercept, piece)
+        flat = x.reshape(1, -1)
+        lo, hi = (float(t) for t in torch.aminmax(flat.detach()))
+        with torch.no_grad():  # which units bend, which are straight and on
+            bends = (w * lo + b) * (w * hi + b) < 0
+            on = (w * (lo + hi) / 2 + b > 0) & ~bends
+        straight = second.weight[:, on]  # (H, units on throughout)
+        slope = straight @ w[on]  # (H,)
+        intercept = straight @ b[on] + second.bias
+        # the line's own row reads x - lo + 1 (always positive, so its ReLU passes it through)
+        rows_w = torch.cat([w[bends], w.new_ones(1)])
+        rows_b = torch.cat([b[bends], w.new_full((1,), 1.0 - lo)])
+        hidden = torch.relu(torch.addcmul(rows_b[:, None], rows_w[:, None], flat))  # (U + 1, n)
+        weights = torch.cat([second.weight[:, bends], slope[:, None]], dim=1)  # (H, U + 1)
+        offset = intercept + slope * (lo - 1.0)
+        return torch.addmm(offset[:, None], weights, hidden).view(-1, *x.shape)
 
     def score_mod(self, q: Tensor, q_pos: Tensor, k_pos: Tensor):
         """The same function, one pair at a time, for FlexAttention: the MLP's hidden units are
