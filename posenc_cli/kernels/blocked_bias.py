@@ -32,6 +32,7 @@ from torch import Tensor
 from posenc_cli.kernels.biased_sdpa import probabilities_, reduce_to
 from posenc_cli.kernels.grid_bias import GridTable
 from posenc_cli.kernels.positions import consecutive
+from posenc_cli.kernels.scratch import Scratch
 from posenc_cli.kernels.visibility import Band, Visibility
 
 BLOCK = 256  # query rows per block
@@ -289,6 +290,7 @@ def _grads_through_table(tensors, grads, table, scale, seen, block) -> None:
     k, v = _batch_contiguous(k, v)
     dq, dk, dv, d_table = grads
     row_dot = (grad_out * out).sum(-1, keepdim=True)  # (B, H, N, 1)
+    scratch = Scratch(q)
     for rows, block_keys in blocks(q_pos, k_pos, seen, block):
         q_s = q[:, :, rows].flip(-2) * scale
         g_b = grad_out[:, :, rows].flip(-2)
@@ -296,7 +298,7 @@ def _grads_through_table(tensors, grads, table, scale, seen, block) -> None:
         dq_b = torch.zeros_like(q_s)
         for keys in key_tiles(block_keys):
             view = table.flipped(q_pos[rows], k_pos[keys], seen, q.dtype)
-            d_score = _tile_backward(q_s, k, v, g_b, view, lse_b, dot_b, keys, dk, dv)
+            d_score = _tile_backward(q_s, k, v, g_b, view, lse_b, dot_b, keys, dk, dv, scratch)
             dq_b += torch.matmul(d_score, k[:, :, keys])
             start = table.start(q_pos[rows], k_pos[keys])
             sums = skewed_sums(d_score)
@@ -312,15 +314,17 @@ def _batch_contiguous(*tensors: Tensor) -> tuple[Tensor, ...]:
     return tuple(t.contiguous() for t in tensors)
 
 
-def _tile_backward(q_s, k, v, g_b, bias, lse_b, dot_b, keys, dk, dv) -> Tensor:
+def _tile_backward(q_s, k, v, g_b, bias, lse_b, dot_b, keys, dk, dv, scratch) -> Tensor:
     """One tile of a block (its queries ``q_s``, already scaled, and ``keys``): forms
-    ``P = exp(q_s k^T + bias - lse)`` and ``dS = P * (dO v^T - rowsum(dO * O))``, adds the
-    tile's share to dv and dk, and returns dS, ``(B, H, rows, keys)``, for dq and the bias."""
+    ``P = exp(q_s k^T + bias - lse)`` and ``dS = P * (dO v^T - rowsum(dO * O))`` in the two
+    buffers of ``scratch``, adds the tile's share to dv and dk, and returns dS,
+    ``(B, H, rows, keys)``, for dq and the bias (valid until the next tile)."""
     k_b, v_b = k[:, :, keys], v[:, :, keys]
-    prob = torch.matmul(q_s, k_b.transpose(-2, -1))
+    shape = (*q_s.shape[:-1], k_b.shape[-2])
+    prob = torch.matmul(q_s, k_b.transpose(-2, -1), out=scratch.take(0, shape))
     probabilities_(prob.add_(bias).sub_(lse_b))
     dv[:, :, keys] += torch.matmul(prob.transpose(-2, -1), g_b)
-    d_score = torch.matmul(g_b, v_b.transpose(-2, -1))
+    d_score = torch.matmul(g_b, v_b.transpose(-2, -1), out=scratch.take(1, shape))
     d_score.sub_(dot_b).mul_(prob)
     dk[:, :, keys] += torch.matmul(d_score.transpose(-2, -1), q_s)
     return d_score
@@ -354,6 +358,7 @@ def _grads_through_bias(
     reads = d_read_q is not None
     leaf_grads = [torch.zeros_like(leaf) for leaf in learned]
     row_dot = (grad_out * out).sum(-1, keepdim=True)  # (B, H, N, 1)
+    scratch = Scratch(q)
     for rows, block_keys in blocks(q_pos, k_pos, seen, block):
         q_b, g_b = q[:, :, rows], grad_out[:, :, rows]
         q_s = q_b * scale  # scaled once here, not on every tile below
@@ -368,7 +373,9 @@ def _grads_through_bias(
                 # a content-dependent bias is differentiated at this block's rows and keys
                 q_in, k_in = (t.detach().requires_grad_(reads and not by_hand) for t in parts_read)
                 bias = masked_bias(bias_of_block, q_in, k_in, q_pos[rows], k_pos[keys], seen)
-            d_score = _tile_backward(q_s, k, v, g_b, bias.detach(), lse_b, dot_b, keys, dk, dv)
+            d_score = _tile_backward(
+                q_s, k, v, g_b, bias.detach(), lse_b, dot_b, keys, dk, dv, scratch
+            )
             dq[:, :, rows] += torch.matmul(d_score, k[:, :, keys]).mul_(scale)
             if by_hand:  # hidden pairs have P = 0: d_score is already 0 where the mask went in
                 into = (d_read_q[:, :, rows], d_read_k[:, :, keys])

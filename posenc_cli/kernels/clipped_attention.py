@@ -37,7 +37,6 @@ with no key mask and no dropout; ``applies`` checks the first, the attention mod
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 
 import torch
@@ -46,6 +45,7 @@ from torch import Tensor
 from posenc_cli.kernels.biased_sdpa import probabilities_, reduce_to
 from posenc_cli.kernels.buckets import gather_buckets, sum_per_bucket
 from posenc_cli.kernels.positions import consecutive
+from posenc_cli.kernels.scratch import Scratch
 
 BLOCK = 128  # query rows per block: the near region is BLOCK x (BLOCK + 2K)
 # Up to this many (query, key) pairs Shaw's explicit softmax path is faster: with B=4, H=8,
@@ -174,7 +174,7 @@ class _ClippedRelativeAttention(torch.autograd.Function):
         term = _term(q, key_table, bias_table, key_scale)
         scaled = q * scale
         near, near_lse = _heads_last(q.new_empty(B, N, H, d)), q.new_empty(B, H, N)
-        scratch = Scratch(q, layout)
+        scratch = Scratch(q)
         for blk in layout.blocks:
             near[:, :, blk.rows], near_lse[:, :, blk.rows] = _near_forward(
                 blk, scaled, k, v, term, value_table, buckets, scratch
@@ -205,7 +205,7 @@ class _ClippedRelativeAttention(torch.autograd.Function):
         layout, term = ctx.layout, ctx.term
         scale, key_scale = ctx.args
         buckets = _buckets(key_table, bias_table, value_table)
-        grads = Grads(q, k, term, value_table, buckets, Scratch(q, layout))
+        grads = Grads(q, k, term, value_table, buckets, Scratch(q))
         row_dot = torch.linalg.vecdot(grad_out, out)  # (B, H, N)
         for blk in layout.blocks:
             _near_backward(
@@ -313,19 +313,6 @@ def _rows_of(term: Tensor, rows: slice) -> Tensor:
     if term.shape[2] == 1:
         return term.expand(-1, -1, rows.stop - rows.start, -1)
     return term[:, :, rows]
-
-
-class Scratch:
-    """Two reused ``(B, H, c, w)`` buffers for the near blocks: a fresh one per block costs page
-    faults that measured about a third of the time of the matmul that fills it."""
-
-    def __init__(self, q: Tensor, layout: Layout):
-        widths = [blk.near.stop - blk.near.start for blk in layout.blocks]
-        size = q.shape[0] * q.shape[1] * BLOCK * max(widths)
-        self.flat = (q.new_empty(size), q.new_empty(size))
-
-    def take(self, which: int, shape: tuple[int, ...]) -> Tensor:
-        return self.flat[which][: math.prod(shape)].view(shape)
 
 
 def _near_logits(blk: Block, scaled_q: Tensor, k: Tensor, term: Tensor | None, out: Tensor):
