@@ -9,6 +9,10 @@ from collections.abc import Callable, Hashable
 
 from torch.utils import benchmark
 
+from posenc_cli.allocator import keep_freed_memory
+
+keep_freed_memory()  # time the layers as `posenc` runs them (posenc_cli/allocator.py)
+
 
 def medians(
     steps: dict[Hashable, Callable[[], None]],

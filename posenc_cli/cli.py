@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from posenc_cli import __version__
+from posenc_cli.allocator import keep_freed_memory
 from posenc_cli.commands import export, library, profile, rank, report, runs
 from posenc_cli.errors import UsageError
 from posenc_cli.interrupts import INTERRUPTED, forget_handled_interrupt
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     from typer import exceptions as typer_errors
     from typer._click import exceptions as click_errors  # typer vendors click
 
+    keep_freed_memory()
     try:
         code = app(args=argv, prog_name="posenc", standalone_mode=False)
     except click_errors.NoArgsIsHelpError as err:  # bare `posenc`: the help, as before
