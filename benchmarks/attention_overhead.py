@@ -1,7 +1,8 @@
 """Forward + backward time of one attention layer with each encoding, as a ratio to `none`.
 
 Ratios are measured in one run, encodings interleaved round by round, so that a noisy machine
-slows all of them alike. Nothing here is asserted; the README quotes what this prints.
+slows all of them alike: each is the median over the rounds of the ratio within a round, shown
+with the lowest and highest. Nothing here is asserted; the README quotes what this prints.
 
     .venv/bin/python benchmarks/attention_overhead.py [--lengths 256,1024] [--format json]
 """
@@ -12,7 +13,7 @@ import argparse
 import json
 
 import torch
-from interleaved import against_none, medians  # benchmarks/interleaved.py, beside this script
+from interleaved import per_round, ratios_per_round  # benchmarks/interleaved.py, beside it
 from rich.console import Console
 from rich.table import Table
 
@@ -41,8 +42,13 @@ def measure(names, lengths, batch, heads, head_dim, rounds, seconds, causal):
     results = {}
     for length in lengths:
         steps = {n: layer_step(n, batch, heads, head_dim, length, causal) for n in names}
-        results[length] = against_none(medians(steps, rounds, seconds))
+        results[length] = ratios_per_round(per_round(steps, rounds, seconds))
     return results
+
+
+def spread(result: dict[str, float]) -> str:
+    """``1.07x (1.02-1.15)``: the median ratio, then the lowest and highest round's."""
+    return f"{result['ratio']:.2f}x ({result['lowest']:.2f}-{result['highest']:.2f})"
 
 
 def main() -> None:
@@ -81,7 +87,7 @@ def main() -> None:
         table.add_column(f"N={length}", justify="right")
     table.add_column("target")
     for n in names:
-        cells = [f"{results[length][n]['ratio']:.2f}x" for length in lengths]
+        cells = [spread(results[length][n]) for length in lengths]
         target = f"<= {TARGETS[n]}x" if n in TARGETS else ""
         table.add_row(n, *cells, target)
     base = ", ".join(f"N={n}: {results[n]['none']['seconds'] * 1e3:.1f} ms" for n in lengths)

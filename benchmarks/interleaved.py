@@ -14,13 +14,14 @@ from posenc_cli.allocator import keep_freed_memory
 keep_freed_memory()  # time the layers as `posenc` runs them (posenc_cli/allocator.py)
 
 
-def medians(
+def per_round(
     steps: dict[Hashable, Callable[[], None]],
     rounds: int,
     seconds: float,
     before_each: Callable[[], None] | None = None,
-) -> dict[Hashable, float]:
-    """Seconds per call of each step; ``before_each`` runs before every measurement."""
+) -> dict[Hashable, list[float]]:
+    """Seconds per call of each step in every round; ``before_each`` runs before every
+    measurement."""
     for step in steps.values():
         step()  # warm-up (also fills the caches a training step would have filled)
     times: dict[Hashable, list[float]] = {key: [] for key in steps}
@@ -30,9 +31,36 @@ def medians(
                 before_each()
             timer = benchmark.Timer("step()", globals={"step": step}, num_threads=2)
             times[key].append(timer.blocked_autorange(min_run_time=seconds).median)
+    return times
+
+
+def medians(
+    steps: dict[Hashable, Callable[[], None]],
+    rounds: int,
+    seconds: float,
+    before_each: Callable[[], None] | None = None,
+) -> dict[Hashable, float]:
+    """Seconds per call of each step, the median over the rounds."""
+    times = per_round(steps, rounds, seconds, before_each)
     return {key: statistics.median(t) for key, t in times.items()}
 
 
 def against_none(seconds: dict[str, float]) -> dict[str, dict[str, float]]:
     """Each encoding's seconds and its ratio to ``none`` measured in the same rounds."""
     return {n: {"seconds": s, "ratio": s / seconds["none"]} for n, s in seconds.items()}
+
+
+def ratios_per_round(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Each encoding's median seconds and its ratio to ``none`` taken round by round (a machine
+    whose speed drifts between rounds moves both sides of each ratio alike): the median ratio
+    and the lowest and highest."""
+    out = {}
+    for name, t in times.items():
+        ratios = [a / b for a, b in zip(t, times["none"], strict=True)]
+        out[name] = {
+            "seconds": statistics.median(t),
+            "ratio": statistics.median(ratios),
+            "lowest": min(ratios),
+            "highest": max(ratios),
+        }
+    return out
