@@ -1,8 +1,9 @@
 """Buffers the tiles of a blocked kernel write their ``(B, H, rows, keys)`` intermediates into,
-reused from tile to tile. A fresh tensor of that size per tile costs page faults: the allocator
-hands blocks of megabytes back to the system when they are freed, and the next one is faulted in
-again. With B=4, H=8 and 256 x 256 tiles (8 MB each) the faults took about a third of the time
-of the matmul that fills the tile."""
+reused from tile to tile. A fresh tensor of that size per tile costs page faults: glibc hands
+blocks of megabytes back to the system when they are freed, and the next one is faulted in
+again. With B=4, H=8 and 256 x 256 tiles (8 MB each) the matmul that fills a tile took 6.4 ms
+into a fresh tensor and 3.5 ms into a reused one. (``posenc`` also keeps freed memory in the
+process, ``posenc_cli/allocator.py``; these buffers serve the library without it.)"""
 
 from __future__ import annotations
 
