@@ -109,7 +109,7 @@ class Fire(PositionEncoding):
         # the line's own row reads x - lo + 1 (always positive, so its ReLU passes it through)
         rows_w = torch.cat([w[bends], w.new_ones(1)])
         rows_b = torch.cat([b[bends], w.new_full((1,), 1.0 - lo)])
-        hidden = torch.relu(torch.addcmul(rows_b[:, None], rows_w[:, None], flat))  # (U + 1, n)
+        hidden = torch.addcmul(rows_b[:, None], rows_w[:, None], flat).relu_()  # (U + 1, n)
         weights = torch.cat([second.weight[:, bends], slope[:, None]], dim=1)  # (H, U + 1)
         offset = intercept + slope * (lo - 1.0)
         return torch.addmm(offset[:, None], weights, hidden).view(-1, *x.shape)
