@@ -2,7 +2,8 @@
 
 For every encoding both libraries have, each library's layer is timed against its own layer
 without position information, and the two are timed against each other. Rounds interleave all
-layers so a noisy machine slows them alike. Nothing is asserted; the README quotes what this
+layers so a noisy machine slows them alike, and each ratio is the median over the rounds of the
+ratio within a round. Nothing is asserted; the README quotes what this
 prints. Needs the bench extra (`make bench-install`: x-transformers without its torch pin).
 
     .venv/bin/python benchmarks/peers.py [--lengths 256,1024] [--format json]
@@ -12,9 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 
 import torch
-from interleaved import medians  # benchmarks/interleaved.py, beside this script
+from interleaved import per_round  # benchmarks/interleaved.py, beside this script
 from rich.console import Console
 from rich.table import Table
 from torch import nn
@@ -70,6 +72,11 @@ def step_of(layer: nn.Module, x: torch.Tensor):
     return step
 
 
+def ratio(times, top, bottom) -> float:
+    """The median over the rounds of ``top``'s time over ``bottom``'s within a round."""
+    return statistics.median(a / b for a, b in zip(times[top], times[bottom], strict=True))
+
+
 def measure(lengths, batch, heads, head_dim, causal, rounds, seconds):
     dim = heads * head_dim
     names = [n for n in PEERS if causal or n not in CAUSAL_ONLY]
@@ -81,15 +88,14 @@ def measure(lengths, batch, heads, head_dim, causal, rounds, seconds):
         for n in names:
             steps[("posenc", n)] = step_of(PosencLayer(n, dim, heads, causal), x)
             steps[("x-transformers", n)] = step_of(peer_layer(n, dim, heads, causal), x)
-        median = medians(steps, rounds, seconds)
+        times = per_round(steps, rounds, seconds)
         results[length] = {
             n: {
-                "posenc_seconds": median[("posenc", n)],
-                "peer_seconds": median[("x-transformers", n)],
-                "posenc_vs_own_none": median[("posenc", n)] / median[("posenc", "none")],
-                "peer_vs_own_none": median[("x-transformers", n)]
-                / median[("x-transformers", "none")],
-                "posenc_over_peer": median[("posenc", n)] / median[("x-transformers", n)],
+                "posenc_seconds": statistics.median(times[("posenc", n)]),
+                "peer_seconds": statistics.median(times[("x-transformers", n)]),
+                "posenc_vs_own_none": ratio(times, ("posenc", n), ("posenc", "none")),
+                "peer_vs_own_none": ratio(times, ("x-transformers", n), ("x-transformers", "none")),
+                "posenc_over_peer": ratio(times, ("posenc", n), ("x-transformers", n)),
             }
             for n in names
         }
