@@ -50,13 +50,18 @@ def against_none(seconds: dict[str, float]) -> dict[str, dict[str, float]]:
     return {n: {"seconds": s, "ratio": s / seconds["none"]} for n, s in seconds.items()}
 
 
+def round_ratios(top: list[float], bottom: list[float]) -> list[float]:
+    """``top``'s time over ``bottom``'s within each round: a machine whose speed drifts between
+    rounds moves both sides of each ratio alike."""
+    return [a / b for a, b in zip(top, bottom, strict=True)]
+
+
 def ratios_per_round(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
-    """Each encoding's median seconds and its ratio to ``none`` taken round by round (a machine
-    whose speed drifts between rounds moves both sides of each ratio alike): the median ratio
-    and the lowest and highest."""
+    """Each encoding's median seconds and its ratio to ``none`` taken round by round: the
+    median ratio and the lowest and highest."""
     out = {}
     for name, t in times.items():
-        ratios = [a / b for a, b in zip(t, times["none"], strict=True)]
+        ratios = round_ratios(t, times["none"])
         out[name] = {
             "seconds": statistics.median(t),
             "ratio": statistics.median(ratios),

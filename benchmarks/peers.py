@@ -16,7 +16,7 @@ import json
 import statistics
 
 import torch
-from interleaved import per_round  # benchmarks/interleaved.py, beside this script
+from interleaved import per_round, round_ratios  # benchmarks/interleaved.py, beside it
 from rich.console import Console
 from rich.table import Table
 from torch import nn
@@ -74,7 +74,7 @@ def step_of(layer: nn.Module, x: torch.Tensor):
 
 def ratio(times, top, bottom) -> float:
     """The median over the rounds of ``top``'s time over ``bottom``'s within a round."""
-    return statistics.median(a / b for a, b in zip(times[top], times[bottom], strict=True))
+    return statistics.median(round_ratios(times[top], times[bottom]))
 
 
 def measure(lengths, batch, heads, head_dim, causal, rounds, seconds):
