@@ -1,8 +1,9 @@
 """The GPU path's score_mods and block masks against the explicit path.
 
 On the CPU FlexAttention runs eagerly without gradients (torch 2.14 raises in its backward), so
-every score_mod is checked there under ``torch.no_grad()``; values and gradients of the compiled
-kernel are checked on CUDA, skipped cleanly without a GPU."""
+every score_mod is checked there under ``torch.no_grad()``, and its gradients by applying it to
+every pair at once under autograd; values and gradients of the compiled kernel are checked on
+CUDA, skipped cleanly without a GPU."""
 
 from __future__ import annotations
 
@@ -102,6 +103,69 @@ def test_window_block_mask_equals_window_attention(name, params, dilation):
         got = flex.attention(q, k, v, mod, flex.window_mask(pos, 3, dilation), 0.3)
         want = window_attention(q, k, v, enc, pos, 3, 0.3, dilation)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+def every_pair(mod, logits):
+    """A score_mod applied to all of ``logits`` (B, H, Nq, Nk) at once, each index broadcast
+    along its own axis, under autograd: the function the compiled kernel differentiates on CUDA,
+    which FlexAttention's CPU path cannot take a backward through."""
+    index = [torch.arange(n).view([-1 if d == axis else 1 for d in range(4)])
+             for axis, n in enumerate(logits.shape)]  # fmt: skip
+    return mod(logits, *index)
+
+
+def gradients_through(enc, q_pos, k_pos, causal, bias_of):
+    """Gradients of one attention's output, for the queries and every learned parameter of
+    ``enc``, with the logits' bias taken from ``bias_of(logits, q, k)``."""
+    torch.manual_seed(1)
+    q, k, v, weights = (randn(2, 4, n, 8) for n in (len(q_pos), len(k_pos), len(k_pos), len(q_pos)))
+    q.requires_grad_()
+    logits = bias_of(q @ k.transpose(-2, -1) * 0.3, q, k)
+    if causal:
+        logits = logits.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
+    out = logits.softmax(-1) @ v
+    learned = [q] + [p for p in enc.parameters() if p.requires_grad]
+    return torch.autograd.grad((out * weights).sum(), learned)
+
+
+def gradient_cases():
+    """Every score_mod of the GPU path with learned tables made to count: (id, encoding,
+    query positions, key positions, causal)."""
+    k_pos = torch.arange(7, 45)  # not from 0, and 5 keys more than queries
+    for name in ONE_D:
+        for causal in (True, False):
+            enc = build_encoding(name, dim=32, heads=4, head_dim=8, causal=causal).double()
+            for p in enc.parameters():
+                if p.dim() > 1:
+                    torch.nn.init.normal_(p, std=0.5)
+            yield f"{name}-{'causal' if causal else 'bidirectional'}", enc, k_pos[5:], k_pos, causal
+    for breakpoints in ("fixed", "learned"):
+        rescaled = dict(num_buckets=8, max_distance="auto", train_length=16)
+        enc = build_encoding(
+            "t5", heads=4, head_dim=8, causal=True, breakpoints=breakpoints, **rescaled
+        )
+        torch.nn.init.normal_(enc.table.weight, std=0.5)
+        yield f"t5-rescaled-{breakpoints}", enc.double(), k_pos, k_pos, True
+    pos = grid_positions(4, 5, prefix=1)
+    for name, params in TWO_D:
+        yield f"{name}-{params}", grid_encoding(name, params).double(), pos, pos, False
+
+
+@pytest.mark.parametrize("case", list(gradient_cases()), ids=lambda case: case[0])
+def test_score_mods_carry_the_gradients_of_the_explicit_bias(case):
+    _, enc, q_pos, k_pos, causal = case
+
+    def through_mod(logits, q, k):
+        return every_pair(flex_path.score_mod_for(enc, q, q_pos, k_pos), logits)
+
+    def explicit(logits, q, k):
+        return logits + enc.bias(q, k, q_pos, k_pos)
+
+    got = gradients_through(enc, q_pos, k_pos, causal, through_mod)
+    want = gradients_through(enc, q_pos, k_pos, causal, explicit)
+    assert len(want) > 1 or case[0].startswith(("alibi", "sandwich"))  # tables reached
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-12)
 
 
 def test_content_dependent_encodings_are_left_to_the_other_paths():

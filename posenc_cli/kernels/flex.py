@@ -5,7 +5,8 @@ kv_idx)`` into a flash-style kernel and skips the blocks a ``BlockMask`` rules o
 costs no ``(H, N, N)`` tensor and a causal or window mask skips its blocks. Captured tensors (the
 tables below) receive gradients. The compiled kernel runs on CUDA; on the CPU FlexAttention runs
 eagerly and only without gradients (torch 2.14 raises in the backward), which is how the tests
-pin every ``score_mod`` against the explicit path. They also compile one call of each kind of
+pin every ``score_mod`` against the explicit path; they check its gradients by applying it to
+every pair at once under autograd. They also compile one call of each kind of
 mod with inductor, whose CPU template runs the forward: the lowering CUDA's kernel goes through,
 though not its code generation.
 
