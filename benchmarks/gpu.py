@@ -1,8 +1,8 @@
 """Every 1D encoding against `none` on CUDA: one causal attention layer, fwd+bwd, bf16.
 
 Content-free biases run through FlexAttention (`kernels/flex.py`), compiled once per shape
-before timing; the rest take SDPA's CUDA kernels. Ratios are medians of interleaved rounds, as
-in the CPU benchmarks. Without a GPU it says so and exits with status 2.
+before timing; the rest take SDPA's CUDA kernels. Ratios are medians of per-round ratios over
+interleaved rounds, as in the CPU benchmarks. Without a GPU it says so and exits with status 2.
 
     .venv/bin/python benchmarks/gpu.py [--lengths 1024,4096,16384] [--format json]
 """
@@ -54,6 +54,14 @@ def seconds_of(step, repeats: int, device: str = "cuda") -> float:
     return start.elapsed_time(end) / 1e3 / repeats
 
 
+def per_round_ratio(times: list[float], base: list[float] | None) -> float | None:
+    """The median over rounds of each round's time over ``none``'s in that round: a clock that
+    drifts between rounds moves both sides of each ratio alike."""
+    if base is None:
+        return None
+    return statistics.median(t / b for t, b in zip(times, base, strict=True))
+
+
 def measure(names, lengths, batch, heads, head_dim, rounds, repeats, device="cuda"):
     results = {}
     cuda = device == "cuda"
@@ -75,9 +83,8 @@ def measure(names, lengths, batch, heads, head_dim, rounds, repeats, device="cud
         for _ in range(rounds):
             for n, step in steps.items():
                 times[n].append(seconds_of(step, repeats, device))
-        base = statistics.median(times["none"]) if "none" in times else None  # it may fail too
-        row = {n: {"seconds": statistics.median(t),
-                   "ratio": statistics.median(t) / base if base else None}
+        base = times.get("none")  # it may fail too
+        row = {n: {"seconds": statistics.median(t), "ratio": per_round_ratio(t, base)}
                for n, t in times.items()}  # fmt: skip
         row.update({n: {"failed": why} for n, why in failed.items()})
         results[length] = {"batch": scaled, "encodings": row}

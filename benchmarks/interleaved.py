@@ -1,6 +1,7 @@
 """The timing loop the CPU benchmarks share: every step warmed up once, then all of them timed
 in turn, round after round, so that load from elsewhere on the machine falls on all alike; each
-step's figure is the median over the rounds of ``torch.utils.benchmark``'s blocked medians."""
+round's figure is ``torch.utils.benchmark``'s blocked median, and a ratio between two steps is
+the median of their ratios within each round."""
 
 from __future__ import annotations
 
@@ -32,22 +33,6 @@ def per_round(
             timer = benchmark.Timer("step()", globals={"step": step}, num_threads=2)
             times[key].append(timer.blocked_autorange(min_run_time=seconds).median)
     return times
-
-
-def medians(
-    steps: dict[Hashable, Callable[[], None]],
-    rounds: int,
-    seconds: float,
-    before_each: Callable[[], None] | None = None,
-) -> dict[Hashable, float]:
-    """Seconds per call of each step, the median over the rounds."""
-    times = per_round(steps, rounds, seconds, before_each)
-    return {key: statistics.median(t) for key, t in times.items()}
-
-
-def against_none(seconds: dict[str, float]) -> dict[str, dict[str, float]]:
-    """Each encoding's seconds and its ratio to ``none`` measured in the same rounds."""
-    return {n: {"seconds": s, "ratio": s / seconds["none"]} for n, s in seconds.items()}
 
 
 def round_ratios(top: list[float], bottom: list[float]) -> list[float]:

@@ -2,8 +2,8 @@
 
 DeiT-Ti shape: batch 8, 197 tokens (a class token and a 14 x 14 grid), 3 heads of 64, CPU with
 2 threads. Ratios are measured in one run, the variants interleaved round by round so that a
-noisy machine slows all of them alike; each number is the median over rounds of
-``blocked_autorange`` medians. Nothing here is asserted; the README quotes what this prints.
+noisy machine slows all of them alike; each ratio is the median of the ratios within each round,
+with the lowest and highest round beside it. Nothing here is asserted; the README quotes what this prints.
 
 ``--explicit`` adds, for every iRPE variant, the same layer forced onto the attention module's
 explicit softmax path (the path it takes for value terms). Without a value term the module picks
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from interleaved import against_none, medians  # benchmarks/interleaved.py, beside this script
+from interleaved import per_round, ratios_per_round  # benchmarks/interleaved.py, beside it
 from rich.console import Console
 from rich.table import Table
 
@@ -117,7 +117,7 @@ def measure(
         if VARIANTS[n] is not None:
             steps[n + EXPLICIT] = layer_step(VARIANTS[n], batch, heads, head_dim, side, True)
     wait = (lambda: wait_idle(idle)) if idle > 0 else None
-    return against_none(medians(steps, rounds, seconds, before_each=wait))
+    return ratios_per_round(per_round(steps, rounds, seconds, before_each=wait))
 
 
 def main() -> None:
@@ -157,7 +157,8 @@ def main() -> None:
     for n in results:
         target = f"<= {TARGETS[n]}x" if n in TARGETS else ""
         r = results[n]
-        table.add_row(n, f"{r['seconds'] * 1e3:.1f}", f"{r['ratio']:.2f}x", target)
+        spread = f"{r['ratio']:.2f}x ({r['lowest']:.2f}-{r['highest']:.2f})"
+        table.add_row(n, f"{r['seconds'] * 1e3:.1f}", spread, target)
     Console().print(table)
 
 
