@@ -3,7 +3,8 @@
 DeiT-Ti shape: batch 8, 197 tokens (a class token and a 14 x 14 grid), 3 heads of 64, CPU with
 2 threads. Ratios are measured in one run, the variants interleaved round by round so that a
 noisy machine slows all of them alike; each ratio is the median of the ratios within each round,
-with the lowest and highest round beside it. Nothing here is asserted; the README quotes what this prints.
+with the lowest and highest round beside it. Nothing here is asserted; the README quotes what
+this prints.
 
 ``--explicit`` adds, for every iRPE variant, the same layer forced onto the attention module's
 explicit softmax path (the path it takes for value terms). Without a value term the module picks

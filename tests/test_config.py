@@ -54,6 +54,7 @@ SHIPPED = [
     "text/length-gen/copy",
     "text/length-gen/copy-randomized",
     "text/length-gen/parity",
+    "text/length-gen/parity-curriculum",
     "text/length-gen/parity-long",
     "text/length-gen/parity-scratchpad",
     "text/length-gen/reverse",
@@ -150,6 +151,7 @@ def test_every_shipped_recipe_but_the_base_extends_it():
                 "text/length-gen/summation-curriculum": "summation.yaml",
                 "text/length-gen/summation-curriculum-long": "summation-curriculum.yaml",
                 "text/length-gen/parity-long": "parity.yaml",
+                "text/length-gen/parity-curriculum": "parity.yaml",
                 "text/lm-linear": "lm-extrapolation.yaml",
                 "text/lm-sparse": "lm-extrapolation.yaml",
             }
