@@ -13,7 +13,7 @@ import argparse
 import json
 
 import torch
-from interleaved import per_round, ratios_per_round  # benchmarks/interleaved.py, beside it
+from interleaved import per_round, ratios_per_round, spread  # benchmarks/, beside it
 from rich.console import Console
 from rich.table import Table
 
@@ -44,11 +44,6 @@ def measure(names, lengths, batch, heads, head_dim, rounds, seconds, causal):
         steps = {n: layer_step(n, batch, heads, head_dim, length, causal) for n in names}
         results[length] = ratios_per_round(per_round(steps, rounds, seconds))
     return results
-
-
-def spread(result: dict[str, float]) -> str:
-    """``1.07x (1.02-1.15)``: the median ratio, then the lowest and highest round's."""
-    return f"{result['ratio']:.2f}x ({result['lowest']:.2f}-{result['highest']:.2f})"
 
 
 def main() -> None:

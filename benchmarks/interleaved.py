@@ -54,3 +54,8 @@ def ratios_per_round(times: dict[str, list[float]]) -> dict[str, dict[str, float
             "highest": max(ratios),
         }
     return out
+
+
+def spread(result: dict[str, float]) -> str:
+    """``1.07x (1.02-1.15)``: the median ratio, then the lowest and highest round's."""
+    return f"{result['ratio']:.2f}x ({result['lowest']:.2f}-{result['highest']:.2f})"

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from interleaved import per_round, ratios_per_round  # benchmarks/interleaved.py, beside it
+from interleaved import per_round, ratios_per_round, spread  # benchmarks/, beside it
 from rich.console import Console
 from rich.table import Table
 
@@ -158,8 +158,7 @@ def main() -> None:
     for n in results:
         target = f"<= {TARGETS[n]}x" if n in TARGETS else ""
         r = results[n]
-        spread = f"{r['ratio']:.2f}x ({r['lowest']:.2f}-{r['highest']:.2f})"
-        table.add_row(n, f"{r['seconds'] * 1e3:.1f}", spread, target)
+        table.add_row(n, f"{r['seconds'] * 1e3:.1f}", spread(r), target)
     Console().print(table)
 
 
