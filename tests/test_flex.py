@@ -105,25 +105,23 @@ def test_window_block_mask_equals_window_attention(name, params, dilation):
     torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
 
 
-def every_pair(mod, logits):
-    """A score_mod applied to all of ``logits`` (B, H, Nq, Nk) at once, each index broadcast
+def every_pair(mod, scores):
+    """A score_mod applied to all of ``scores`` (B, H, Nq, Nk) at once, each index broadcast
     along its own axis, under autograd: the function the compiled kernel differentiates on CUDA,
     which FlexAttention's CPU path cannot take a backward through."""
     index = [torch.arange(n).view([-1 if d == axis else 1 for d in range(4)])
-             for axis, n in enumerate(logits.shape)]  # fmt: skip
-    return mod(logits, *index)
+             for axis, n in enumerate(scores.shape)]  # fmt: skip
+    return mod(scores, *index)
 
 
 def gradients_through(enc, q_pos, k_pos, causal, bias_of):
     """Gradients of one attention's output, for the queries and every learned parameter of
-    ``enc``, with the logits' bias taken from ``bias_of(logits, q, k)``."""
+    ``enc``, with the bias taken from ``bias_of(q, k)``."""
     torch.manual_seed(1)
     q, k, v, weights = (randn(2, 4, n, 8) for n in (len(q_pos), len(k_pos), len(k_pos), len(q_pos)))
     q.requires_grad_()
-    logits = bias_of(q @ k.transpose(-2, -1) * 0.3, q, k)
-    if causal:
-        logits = logits.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
-    out = logits.softmax(-1) @ v
+    mask = (k_pos[None, :] <= q_pos[:, None]) if causal else None
+    out = dense(q, k, v, bias_of(q, k), mask, 0.3)
     learned = [q] + [p for p in enc.parameters() if p.requires_grad]
     return torch.autograd.grad((out * weights).sum(), learned)
 
@@ -155,11 +153,12 @@ def gradient_cases():
 def test_score_mods_carry_the_gradients_of_the_explicit_bias(case):
     _, enc, q_pos, k_pos, causal = case
 
-    def through_mod(logits, q, k):
-        return every_pair(flex_path.score_mod_for(enc, q, q_pos, k_pos), logits)
+    def through_mod(q, k):  # every score_mod here adds its bias to the score
+        zeros = q.new_zeros(*q.shape[:2], len(q_pos), len(k_pos))
+        return every_pair(flex_path.score_mod_for(enc, q, q_pos, k_pos), zeros)
 
-    def explicit(logits, q, k):
-        return logits + enc.bias(q, k, q_pos, k_pos)
+    def explicit(q, k):
+        return enc.bias(q, k, q_pos, k_pos)
 
     got = gradients_through(enc, q_pos, k_pos, causal, through_mod)
     want = gradients_through(enc, q_pos, k_pos, causal, explicit)
