@@ -38,6 +38,7 @@ class Cfg:
     train_lengths: list[int] = field(default_factory=lambda: [2, 6])
     corpus: str | None = None
     val_fraction: float = 0.1
+    ones: str = "binomial"
 
 
 def gen(seed: int = 0) -> torch.Generator:
@@ -453,3 +454,24 @@ def test_a_training_batch_under_a_curriculum_draws_no_size_past_its_largest(larg
         real = (batch.tokens != 0).sum(1) if batch.key_mask is None else batch.key_mask.sum(1)
         seen |= {(int(t) - 3) // 2 for t in real}
     assert seen == set(range(1, largest + 1))  # every size up to it, none past it
+
+
+@pytest.mark.parametrize("name", ["parity", "parity-scratchpad"])
+def test_uniform_ones_spread_the_training_counts_and_leave_the_test_alone(name: str) -> None:
+    """With ``ones="uniform"`` the count of ones in a training row of size n is uniform in 0..n
+    (fair bits give 15 or more of 20 in 2 % of rows), every answer is still the running count
+    mod 2, recomputed here bit by bit; test batches are the fair bits of the default task."""
+    task = build_task(Cfg(task=name, train_lengths=[20, 20], ones="uniform"))
+    b = task.batch(4200, 0, gen(7), "train")
+    bits = (b.tokens[:, 1:21] - 4).tolist()
+    counts = [sum(row) for row in bits]
+    per_count = [counts.count(k) for k in range(21)]
+    assert min(per_count) > 140 and max(per_count) < 270  # 200 expected for each of 21
+    out = (b.tokens[:, 22:-1] - 4).tolist()  # after BOS, 20 bits, SEP; before EOS
+    for row, answer in zip(bits, out, strict=True):
+        running = [sum(row[: i + 1]) % 2 for i in range(20)]
+        assert answer == (running if name.endswith("scratchpad") else running[-1:])
+    fair = build_task(Cfg(task=name, train_lengths=[20, 20]))
+    assert same(task.batch(64, 20, gen(3), "test"), fair.batch(64, 20, gen(3), "test"))
+    fair_counts = (fair.batch(4200, 0, gen(7), "train").tokens[:, 1:21] - 4).sum(1)
+    assert int((fair_counts >= 15).sum()) < 150  # about 2 % of 4,200

@@ -35,6 +35,10 @@ Conventions:
   (Kazemnejad et al.'s "summation", there in base 10).
 - parity: n bits (``vocab`` is ignored: the symbols are always 0 and 1); the output is one
   token, 1 when the count of ones is odd. It is summation in base 2.
+- parity with ``ones="uniform"`` (``data.ones``): training rows draw their count of ones
+  uniformly in 0..n, then where the ones go. With fair bits a count far from n / 2 is rare (15
+  or more ones of 20: 2 %), and a model that counts misses just those rows; test batches keep
+  fair bits, so the test is the published one.
 - summation-scratchpad / parity-scratchpad: the same inputs; the output writes the running sum
   after every digit (n tokens), so the answer is the last one. Each step then needs only the
   digit it has reached and the step before it, as copy needs one input symbol per output; the
@@ -143,10 +147,17 @@ class AlgorithmicTask:
         """Uniform symbols with replacement, as token ids, ``(count, n)``."""
         return torch.randint(0, self.vocab, (count, n), generator=generator) + self.symbol_offset
 
-    def examples(self, n: int, count: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    def make_train(self, count: int, n: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """Training problems: the test's distribution unless a task says otherwise."""
+        return self.make(count, n, generator)
+
+    def examples(
+        self, n: int, count: int, generator: torch.Generator, split: Split = "test"
+    ) -> tuple[Tensor, Tensor]:
         """Unpadded sequences and targets of one size, both ``(count, layout.length)``."""
         lay = self.layout(n)
-        inputs, outputs = self.make(count, n, generator)
+        make = self.make_train if split == "train" else self.make
+        inputs, outputs = make(count, n, generator)
         col = torch.full((count, 1), 0, dtype=torch.long)
         tokens = torch.cat([col + BOS, inputs, col + SEP, outputs, col + EOS], dim=1)  # (c, L)
         targets = torch.full_like(tokens, IGNORE)
@@ -173,7 +184,7 @@ class AlgorithmicTask:
         tokens = torch.full((batch_size, width), PAD, dtype=torch.long)  # (B, T)
         targets = torch.full((batch_size, width), IGNORE, dtype=torch.long)  # (B, T)
         for n, rows in size_groups(sizes):
-            seq, tgt = self.examples(n, len(rows), generator)
+            seq, tgt = self.examples(n, len(rows), generator, split)
             tokens[rows, : seq.shape[1]] = seq
             targets[rows, : seq.shape[1]] = tgt
         return Batch(tokens, targets, key_mask_for(lengths, width))
@@ -264,8 +275,11 @@ class Summation(AlgorithmicTask):
         return self.vocab
 
     def make(self, count: int, n: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        return self.answer(torch.randint(0, self.base(), (count, n), generator=generator))
+
+    def answer(self, digits: Tensor) -> tuple[Tensor, Tensor]:
+        """Inputs and outputs as token ids for digits ``(c, n)``."""
         base, off = self.base(), self.symbol_offset
-        digits = torch.randint(0, base, (count, n), generator=generator)
         running = digits.cumsum(1) % base  # (c, n)
         answer = running if self.scratchpad else running[:, -1:]
         return digits + off, answer + off
@@ -274,11 +288,29 @@ class Summation(AlgorithmicTask):
 class Parity(Summation):
     name = "parity"
 
-    def __init__(self, *, vocab: int = 2, train_lengths: Sequence[int] = (5, 20)) -> None:
+    def __init__(
+        self,
+        *,
+        vocab: int = 2,
+        train_lengths: Sequence[int] = (5, 20),
+        ones: Literal["binomial", "uniform"] = "binomial",
+    ) -> None:
         super().__init__(vocab=2, train_lengths=train_lengths)  # bits, whatever data.vocab says
+        self.ones = ones
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> AlgorithmicTask:
+        return cls(train_lengths=tuple(cfg.train_lengths), ones=cfg.ones)
 
     def base(self) -> int:
         return 2
+
+    def make_train(self, count: int, n: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        if self.ones == "binomial":
+            return self.make(count, n, generator)
+        ones = torch.randint(0, n + 1, (count, 1), generator=generator)  # (c, 1)
+        places = torch.rand(count, n, generator=generator).argsort(dim=1)  # a random order
+        return self.answer((places < ones).long())  # the first `ones` places of it hold a 1
 
 
 class SummationScratchpad(Summation):

@@ -63,6 +63,9 @@ class DataConfig:
     # algorithmic tasks: the largest training size grows from min to max over this many steps,
     # then stays there (a length curriculum); 0 = every size from the first step
     curriculum: int = bounded(0, lambda v: v >= 0, ">= 0 (0 = off)", most=100_000_000)
+    # parity tasks, training rows only: the count of ones from fair bits (binomial) or uniform
+    # in 0..n, so that rows with many or few ones are as common as balanced ones
+    ones: Literal["binomial", "uniform"] = "binomial"
     corpus: str | None = None  # text: a file or folder; None = the built-in stdlib corpus
     # text: held-out fraction (the tail of the corpus)
     val_fraction: float = bounded(0.1, lambda v: 0 < v < 1, "in (0, 1)")
@@ -131,6 +134,12 @@ def validate(recipe: Any, error: Error) -> None:
             "data.curriculum",
             f"a size curriculum needs an algorithmic task (copy, sort, ...), not "
             f"{data.task!r}; set it to 0",
+        )
+    if data.ones != "binomial" and not data.task.startswith("parity"):
+        raise error(
+            "data.ones",
+            f"the count of ones is drawn by parity tasks only, not {data.task!r}; "
+            "set it to binomial",
         )
     if data.corpus is not None and not Path(data.corpus).exists():
         raise error(
