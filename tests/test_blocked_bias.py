@@ -29,6 +29,13 @@ def qkv(heads, queries, keys, head_dim=8, batch=2):
     return [torch.randn(s, dtype=torch.float64, requires_grad=True) for s in shapes]
 
 
+def same_results(out, grads, ref, ref_grads):
+    """Two paths agree: outputs to 1e-12 and every gradient to 1e-11 (float64)."""
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-11)
+
+
 def grads_of(out, inputs, seed):
     torch.manual_seed(seed)
     return torch.autograd.grad(out, inputs, torch.randn_like(out))
@@ -152,9 +159,7 @@ def test_attention_module_takes_the_blocked_path_with_the_same_result(monkeypatc
     fast, fast_grads, took = run(True)
     slow, slow_grads, took_slow = run(False)
     assert took and not took_slow
-    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-12)
-    for got, want in zip(fast_grads, slow_grads, strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-11)
+    same_results(fast, fast_grads, slow, slow_grads)
 
 
 def test_contextual_irpe_is_not_content_free():
@@ -216,9 +221,7 @@ def test_content_dependent_terms_block_by_block_equal_the_dense_path(
 
     fast, fast_grads = run(True)
     slow, slow_grads = run(False)
-    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-12)
-    for got, want in zip(fast_grads, slow_grads, strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-11)
+    same_results(fast, fast_grads, slow, slow_grads)
 
 
 @pytest.mark.parametrize("name, projection", [("xl", "position_keys"), ("deberta", "per_head")])
@@ -304,9 +307,7 @@ def test_blocks_add_their_own_gradients_unless_a_leaf_is_frozen(monkeypatch, nam
     fast, fast_grads = run(True)
     assert bool(calls) == (frozen and name == "xl")
     slow, slow_grads = run(False)
-    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-12)
-    for got, want in zip(fast_grads, slow_grads, strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-11)
+    same_results(fast, fast_grads, slow, slow_grads)
 
 
 def test_sparse_positions_skip_the_distance_table(monkeypatch):
@@ -411,9 +412,7 @@ def test_the_module_reads_the_distance_table_over_consecutive_positions(monkeypa
     fast, fast_grads, took = run(True)
     slow, slow_grads, took_slow = run(False)
     assert took and viewed and not took_slow
-    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-12)
-    for got, want in zip(fast_grads, slow_grads, strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-11)
+    same_results(fast, fast_grads, slow, slow_grads)
 
 
 def test_float32_alibi_over_a_long_input_keeps_the_dense_paths_precision():

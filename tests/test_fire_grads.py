@@ -9,7 +9,7 @@ import torch
 from posenc_cli.encodings import build_encoding, fire_grads
 from posenc_cli.kernels import blocked_bias
 from posenc_cli.models.attention import Attention
-from tests.test_blocked_bias import dense, grads_of, qkv, route_blocked
+from tests.test_blocked_bias import dense, grads_of, qkv, route_blocked, same_results
 
 
 def fire(causal: bool, threshold: float = 8.0, seed: int = 0):
@@ -72,14 +72,17 @@ def test_a_clamped_parameter_gets_no_gradient_as_under_autograd(c, threshold):
 @pytest.mark.parametrize("tile", [blocked_bias.KEY_TILE, 5])
 def test_kernel_with_fire_blocks_equals_dense_attention(monkeypatch, causal, memory, tile):
     """``bias_blocks`` through the kernel, blocks of 16 and tiles of 5 keys, the threshold 8
-    inside the queries' range: every tile's gradient comes from ``add_grads``, and the output
-    and the gradients of q, k, v and every parameter are dense attention's."""
+    inside the queries' range: every tile's gradient comes from ``add_grads``, past the
+    threshold from the pieces its bias was computed from, and the output and the gradients of
+    q, k, v and every parameter are dense attention's."""
     monkeypatch.setattr(blocked_bias, "KEY_TILE", tile)
     enc = fire(causal)
     block = enc.bias_blocks()
     calls = []
-    hand = block.add_grads
-    block.add_grads = lambda *a: calls.append(1) or hand(*a)
+    real = fire_grads.parameter_grads
+    monkeypatch.setattr(
+        fire_grads, "parameter_grads", lambda *a: calls.append(a[-1] is not None) or real(*a)
+    )
     N = 45
     q, k, v = qkv(4, N, N + memory)
     k_pos = torch.arange(3, 3 + N + memory)
@@ -90,10 +93,8 @@ def test_kernel_with_fire_blocks_equals_dense_attention(monkeypatch, causal, mem
         q, k, v, q_pos, k_pos, block, learned, 8**-0.5, causal, 16
     )
     ref = dense(q, k, v, enc.bias(q, k, q_pos, k_pos), q_pos, k_pos, 8**-0.5, causal)
-    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
-    for got, want in zip(grads_of(out, inputs, 1), grads_of(ref, inputs, 1), strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-11)
-    assert calls  # the hand path ran
+    same_results(out, grads_of(out, inputs, 1), ref, grads_of(ref, inputs, 1))
+    assert calls and all(calls)  # every tile reaches past the threshold and kept its pieces
 
 
 def test_attention_module_sends_fire_through_the_hand_gradients(monkeypatch):
@@ -115,6 +116,4 @@ def test_attention_module_sends_fire_through_the_hand_gradients(monkeypatch):
     fast, fast_grads = run(True)
     assert used
     slow, slow_grads = run(False)
-    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-12)
-    for got, want in zip(fast_grads, slow_grads, strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-11)
+    same_results(fast, fast_grads, slow, slow_grads)

@@ -13,6 +13,7 @@ from posenc_cli.kernels import blocked_bias
 from posenc_cli.kernels.grid_bias import GridTable
 from posenc_cli.kernels.positions import row_major_grid
 from posenc_cli.models.attention import Attention
+from tests.test_blocked_bias import same_results
 
 SETTINGS = [
     ("swin", {}),
@@ -107,9 +108,7 @@ def test_the_module_takes_the_views_with_the_same_result_and_gradients(monkeypat
     fast, fast_grads = run(True)
     assert attended
     slow, slow_grads = run(False)
-    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-12)
-    for got, want in zip(fast_grads, slow_grads, strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-11)
+    same_results(fast, fast_grads, slow, slow_grads)
 
 
 def test_no_forward_call_asks_for_a_square_bias():

@@ -37,6 +37,11 @@ from posenc_cli.encodings.fire_grads import Pieces
 from posenc_cli.errors import UsageError
 
 
+def _where(q_pos: Tensor, k_pos: Tensor) -> tuple[int, ...]:
+    """Which rows and keys a block is, for the positions the kernel slices out of its own."""
+    return (q_pos.data_ptr(), q_pos.numel(), k_pos.data_ptr(), k_pos.numel())
+
+
 def per_pair(table: Tensor, index: Tensor) -> Tensor:
     """``table[index]`` with the heads first, ``(n, H)`` by ``(...)`` ids -> ``(H, ...)``. One
     ``index_select`` of the flat ids, whose backward is an index_add: indexing with the ids
@@ -47,6 +52,8 @@ def per_pair(table: Tensor, index: Tensor) -> Tensor:
 
 class Fire(PositionEncoding):
     """A learned function of ``psi(i - j) / psi(max(L, i))`` per head."""
+
+    KEPT_PAIRS = 256 * 256  # a tile of the blocked kernel's backward (BLOCK x KEY_TILE)
 
     content_free = True  # the bias reads positions only
     family = "bias"
@@ -142,14 +149,27 @@ class Fire(PositionEncoding):
     def bias_blocks(self):
         """The bias of one block, as ``bias``, and the parameters' gradients from the block's
         ``dS`` by hand (``fire_grads``): autograd's backward of the per-pair graph took twice
-        the time of the bias itself."""
+        the time of the bias itself. A tile of the backward (at most ``KEPT_PAIRS`` pairs,
+        computed without autograd) keeps its inputs and hidden rows for its ``add_grads``, which
+        would otherwise compute them again; only the last tile's are kept."""
+        kept: dict[tuple[int, ...], tuple] = {}
 
         def block(q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-            return self.bias(q, k, q_pos, k_pos)
+            kept.clear()
+            small = q_pos.numel() * k_pos.numel() <= self.KEPT_PAIRS
+            if torch.is_grad_enabled() or not small:
+                return self.bias(q, k, q_pos, k_pos)
+            ratio, reach = self.ratios(q_pos, k_pos)
+            if ratio is None:  # a table per distance: nothing per pair to keep
+                return self.bias(q, k, q_pos, k_pos)
+            p = self.pieces(ratio)
+            kept[_where(q_pos, k_pos)] = (ratio, reach, p)
+            return torch.addmm(p.offset[:, None], p.weights, p.hidden).view(1, -1, *ratio.shape)
 
         def add_grads(d_bias, _rows, _keys, q_pos_b, k_pos_b, _d_rows, _d_keys) -> list[Tensor]:
             grad = d_bias.sum(0).to(self.mlp[0].weight.dtype)  # one bias for the whole batch
-            return fire_grads.parameter_grads(self, grad, q_pos_b, k_pos_b)
+            pieces = kept.pop(_where(q_pos_b, k_pos_b), None)
+            return fire_grads.parameter_grads(self, grad, q_pos_b, k_pos_b, pieces)
 
         block.add_grads = add_grads
         block.fresh = True  # a new tensor per call: the kernel may fold the mask in in place

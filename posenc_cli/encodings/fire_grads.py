@@ -48,14 +48,17 @@ class Pieces:
     offset: Tensor
 
 
-def parameter_grads(fire: Fire, grad: Tensor, q_pos: Tensor, k_pos: Tensor) -> list[Tensor]:
+def parameter_grads(
+    fire: Fire, grad: Tensor, q_pos: Tensor, k_pos: Tensor, kept: tuple | None = None
+) -> list[Tensor]:
     """The gradient of ``sum(grad * fire.bias(q_pos, k_pos))`` for each of ``fire``'s parameters,
-    in ``parameters()`` order; ``grad`` is ``(H, Nq, Nk)`` in the MLP's dtype."""
+    in ``parameters()`` order; ``grad`` is ``(H, Nq, Nk)`` in the MLP's dtype. ``kept``: the
+    ``(ratio, reach, pieces)`` the bias of these positions was just computed from."""
     with torch.no_grad():
-        ratio, reach = fire.ratios(q_pos, k_pos)
+        ratio, reach, p = kept or (*fire.ratios(q_pos, k_pos), None)
         if ratio is None:
             return _through_distances(fire, grad, q_pos, k_pos)
-        p = fire.pieces(ratio)
+        p = p or fire.pieces(ratio)
         flat_grad = grad.reshape(grad.shape[0], -1)  # (H, n)
         d_offset = flat_grad.sum(1)  # (H,)
         d_weights = flat_grad @ p.hidden.T  # (H, U + 1)
