@@ -137,13 +137,6 @@ class PositionEncoding(nn.Module):
         (DeBERTa multiplies q and k by half its table). By default ``bias`` itself."""
         return self.bias(q, k, q_pos, k_pos)
 
-    def bias_blocks(self):
-        """For a ``content_free`` bias asked one block of queries at a time: the callable the
-        blocked kernel asks, ``block(q_rows, k_keys, q_pos_rows, k_pos_keys)``. By default
-        ``bias`` itself; an encoding that knows its parameters' gradient from a block's ``dS``
-        gives a callable with ``add_grads`` (``kernels/blocked_bias.py``, FIRE)."""
-        return self.bias
-
     def bias_by_block(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, causal=False):
         """For a ``pairwise_content`` bias asked one block of queries at a time over these
         positions: ``block(rows, keys, q_pos_rows, k_pos_keys)`` giving that block's bias from

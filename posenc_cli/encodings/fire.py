@@ -31,15 +31,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from posenc_cli.encodings import fire_grads
 from posenc_cli.encodings.base import PositionEncoding, relative_positions
-from posenc_cli.encodings.fire_grads import Pieces
 from posenc_cli.errors import UsageError
-
-
-def _where(q_pos: Tensor, k_pos: Tensor) -> tuple[int, ...]:
-    """Which rows and keys a block is, for the positions the kernel slices out of its own."""
-    return (q_pos.data_ptr(), q_pos.numel(), k_pos.data_ptr(), k_pos.numel())
 
 
 def per_pair(table: Tensor, index: Tensor) -> Tensor:
@@ -52,8 +45,6 @@ def per_pair(table: Tensor, index: Tensor) -> Tensor:
 
 class Fire(PositionEncoding):
     """A learned function of ``psi(i - j) / psi(max(L, i))`` per head."""
-
-    KEPT_PAIRS = 256 * 256  # a tile of the blocked kernel's backward (BLOCK x KEY_TILE)
 
     content_free = True  # the bias reads positions only
     family = "bias"
@@ -86,39 +77,25 @@ class Fire(PositionEncoding):
         return torch.log1p(self.c.to(x.dtype).clamp(min=1e-6) * x)
 
     def bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        ratio, _ = self.ratios(q_pos, k_pos)
-        if ratio is None:  # one normaliser: a function of the distance
-            distance = self.distances(q_pos, k_pos)
-            per_distance = self.mlp(self.per_distance(int(distance.max()) + 1, q.device))  # (D, H)
+        dtype = self.mlp[0].weight.dtype  # f_theta runs in its own precision
+        distance = relative_positions(q_pos, k_pos).neg()  # i - j, (Nq, Nk)
+        distance = distance.clamp(min=0) if self.causal else distance.abs()
+        threshold = self.threshold.to(dtype).clamp(min=1.0)
+        rows = q_pos.to(dtype)
+        if bool((rows <= threshold).all()):  # one normaliser: a function of the distance
+            distinct = torch.arange(int(distance.max()) + 1, device=q.device).to(dtype)
+            per_distance = self.mlp((self.psi(distinct) / self.psi(threshold))[:, None])  # (D, H)
             return per_pair(per_distance, distance).unsqueeze(0)  # (1, H, Nq, Nk)
+        scale = self.psi(torch.maximum(rows, threshold))[:, None]  # (Nq, 1)
+        ratio = self.psi(distance.to(dtype)) / scale  # (Nq, Nk)
         return self.piecewise(ratio).unsqueeze(0)
 
-    def distances(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """``i - j`` (causal, clamped at 0 where the mask hides the key) or ``|i - j|``."""
-        distance = relative_positions(q_pos, k_pos).neg()  # i - j, (Nq, Nk)
-        return distance.clamp(min=0) if self.causal else distance.abs()
-
-    def per_distance(self, count: int, device: torch.device) -> Tensor:
-        """The MLP's inputs ``psi(d) / psi(L)`` for the distances 0..count-1, ``(count, 1)``."""
-        dtype = self.mlp[0].weight.dtype  # f_theta runs in its own precision
-        distinct = torch.arange(count, device=device).to(dtype)
-        return (self.psi(distinct) / self.psi(self.threshold.to(dtype).clamp(min=1.0)))[:, None]
-
-    def ratios(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor | None, Tensor]:
-        """The MLP's input per pair, ``(Nq, Nk)``, and each row's ``max(L, i)``, ``(Nq, 1)``;
-        the input is None while every row is under the threshold (then it is a function of
-        the distance alone, ``per_distance``)."""
-        dtype = self.mlp[0].weight.dtype
-        threshold = self.threshold.to(dtype).clamp(min=1.0)
-        rows = q_pos.to(dtype)[:, None]
-        reach = torch.maximum(rows, threshold)  # (Nq, 1)
-        if bool((rows <= threshold).all()):
-            return None, reach
-        distance = self.distances(q_pos, k_pos).to(dtype)
-        return self.psi(distance) / self.psi(reach), reach
-
-    def pieces(self, x: Tensor) -> Pieces:
-        """``f_theta`` over the range ``x`` spans as a narrower MLP (see ``piecewise``)."""
+    def piecewise(self, x: Tensor) -> Tensor:
+        """``f_theta(x)`` for every entry of ``x``, ``(H, *x.shape)``. Over the range ``x`` spans,
+        a unit whose input does not change sign is a straight line (on) or zero (off): those
+        fold into one line per head, and only the units that bend inside the range stay ReLUs.
+        So ``f_theta`` is a narrower MLP there, run as one matmul over the inputs, whose hidden
+        rows are the bending units and the line. Values and gradients are the MLP's."""
         first, second = self.mlp[0], self.mlp[2]
         w, b = first.weight[:, 0], first.bias  # (hidden,)
         flat = x.reshape(1, -1)
@@ -135,45 +112,7 @@ class Fire(PositionEncoding):
         hidden = torch.addcmul(rows_b[:, None], rows_w[:, None], flat).relu_()  # (U + 1, n)
         weights = torch.cat([second.weight[:, bends], slope[:, None]], dim=1)  # (H, U + 1)
         offset = intercept + slope * (lo - 1.0)
-        return Pieces(flat, lo, bends, on, rows_w, hidden, weights, offset)
-
-    def piecewise(self, x: Tensor) -> Tensor:
-        """``f_theta(x)`` for every entry of ``x``, ``(H, *x.shape)``. Over the range ``x`` spans,
-        a unit whose input does not change sign is a straight line (on) or zero (off): those
-        fold into one line per head, and only the units that bend inside the range stay ReLUs.
-        So ``f_theta`` is a narrower MLP there, run as one matmul over the inputs, whose hidden
-        rows are the bending units and the line. Values and gradients are the MLP's."""
-        p = self.pieces(x)
-        return torch.addmm(p.offset[:, None], p.weights, p.hidden).view(-1, *x.shape)
-
-    def bias_blocks(self):
-        """The bias of one block, as ``bias``, and the parameters' gradients from the block's
-        ``dS`` by hand (``fire_grads``): autograd's backward of the per-pair graph took twice
-        the time of the bias itself. A tile of the backward (at most ``KEPT_PAIRS`` pairs,
-        computed without autograd) keeps its inputs and hidden rows for its ``add_grads``, which
-        would otherwise compute them again; only the last tile's are kept."""
-        kept: dict[tuple[int, ...], tuple] = {}
-
-        def block(q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-            kept.clear()
-            small = q_pos.numel() * k_pos.numel() <= self.KEPT_PAIRS
-            if torch.is_grad_enabled() or not small:
-                return self.bias(q, k, q_pos, k_pos)
-            ratio, reach = self.ratios(q_pos, k_pos)
-            if ratio is None:  # a table per distance: nothing per pair to keep
-                return self.bias(q, k, q_pos, k_pos)
-            p = self.pieces(ratio)
-            kept[_where(q_pos, k_pos)] = (ratio, reach, p)
-            return torch.addmm(p.offset[:, None], p.weights, p.hidden).view(1, -1, *ratio.shape)
-
-        def add_grads(d_bias, _rows, _keys, q_pos_b, k_pos_b, _d_rows, _d_keys) -> list[Tensor]:
-            grad = d_bias.sum(0).to(self.mlp[0].weight.dtype)  # one bias for the whole batch
-            pieces = kept.pop(_where(q_pos_b, k_pos_b), None)
-            return fire_grads.parameter_grads(self, grad, q_pos_b, k_pos_b, pieces)
-
-        block.add_grads = add_grads
-        block.fresh = True  # a new tensor per call: the kernel may fold the mask in in place
-        return block
+        return torch.addmm(offset[:, None], weights, hidden).view(-1, *x.shape)
 
     def score_mod(self, q: Tensor, q_pos: Tensor, k_pos: Tensor):
         """The same function, one pair at a time, for FlexAttention: the MLP's hidden units are

@@ -230,7 +230,7 @@ class _BlockedBiasAttention(torch.autograd.Function):
         elif learned or reads:  # the bias has a gradient to pass on
             read_grads = [torch.zeros_like(t) for t in read] or read_grads
             # a block that knows its gradient gives every leaf's, so only when all are wanted
-            own = hasattr(bias_of_block, "add_grads") and len(learned) == len(leaves)
+            own = reads and hasattr(bias_of_block, "add_grads") and len(learned) == len(leaves)
             leaf_grads = _grads_through_bias(
                 (q, k, v, out, lse, q_pos, k_pos, grad_out), (dq, dk, dv), learned,
                 bias_of_block, scale, seen, block, (read, read_grads), own,
@@ -378,7 +378,7 @@ def _grads_through_bias(
             )
             dq[:, :, rows] += torch.matmul(d_score, k[:, :, keys]).mul_(scale)
             if by_hand:  # hidden pairs have P = 0: d_score is already 0 where the mask went in
-                into = (d_read_q[:, :, rows], d_read_k[:, :, keys]) if reads else (None, None)
+                into = (d_read_q[:, :, rows], d_read_k[:, :, keys])
                 parts = bias_of_block.add_grads(
                     d_score, *parts_read, q_pos[rows], k_pos[keys], *into
                 )

@@ -298,7 +298,7 @@ class Attention(nn.Module):
         and k (or what ``bias_by_block`` makes of them); ``plain`` (no bias at all, under a band)
         is a table of zeros the band masks."""
         encoding = self.encoding
-        bias_of_block = encoding.bias_blocks()  # asked with the block's own q and k
+        bias_of_block = encoding.bias  # asked with the block's own q and k
         learned = [p for p in encoding.parameters() if p.requires_grad]
         reads = None  # what a content-dependent bias reads rows and keys of
         if plain:
