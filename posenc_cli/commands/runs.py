@@ -120,6 +120,14 @@ def evaluate_command(
             "(with --out, a curve per length).",
         ),
     ] = False,
+    by_count: Annotated[
+        bool,
+        typer.Option(
+            "--by-count",
+            help="Parity runs: exact match at each count of ones, every count drawn alike "
+            "(saved to eval_by_count.json).",
+        ),
+    ] = False,
     format: Annotated[Format, typer.Option("--format", help="table or json")] = Format.table,
 ) -> None:
     """Score a run at the trained length and longer ones, optionally with positions shifted;
@@ -143,6 +151,7 @@ def evaluate_command(
         "out": out,
         "misses": misses,
         "by_position": by_position or None,
+        "by_count": by_count or None,
     }
     reject_options(
         {
@@ -154,6 +163,8 @@ def evaluate_command(
     )
     if shift is not None and shift < 0:
         raise UsageError(f"--shift {shift}: give a position offset >= 0, e.g. --shift 100")
+    if by_count and by_position:
+        raise UsageError("--by-count and --by-position: each draws its own table; give one of them")
     options = {
         "lengths": int_list(lengths, "--lengths"),
         "shift": shift,
@@ -162,6 +173,7 @@ def evaluate_command(
         "out": out,
         "misses": misses,
         "by_position": by_position,
+        "by_count": by_count,
     }
     # results are written last, so find out now, before a long evaluation, that they can be
     check_writable(

@@ -296,7 +296,8 @@ class Parity(Summation):
         ones: Literal["binomial", "uniform"] = "binomial",
     ) -> None:
         super().__init__(vocab=2, train_lengths=train_lengths)  # bits, whatever data.vocab says
-        self.ones = ones
+        self.ones = ones  # training rows' draw
+        self.test_ones: Literal["binomial", "uniform"] = "binomial"  # `evaluate --by-count`
 
     @classmethod
     def from_config(cls, cfg: Any) -> AlgorithmicTask:
@@ -305,12 +306,22 @@ class Parity(Summation):
     def base(self) -> int:
         return 2
 
+    def make(self, count: int, n: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        if self.test_ones == "binomial":
+            return super().make(count, n, generator)
+        return self.answer(uniform_ones(count, n, generator))
+
     def make_train(self, count: int, n: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         if self.ones == "binomial":
-            return self.make(count, n, generator)
-        ones = torch.randint(0, n + 1, (count, 1), generator=generator)  # (c, 1)
-        places = torch.rand(count, n, generator=generator).argsort(dim=1)  # a random order
-        return self.answer((places < ones).long())  # the first `ones` places of it hold a 1
+            return super().make(count, n, generator)
+        return self.answer(uniform_ones(count, n, generator))
+
+
+def uniform_ones(count: int, n: int, generator: torch.Generator) -> Tensor:
+    """``(count, n)`` bits whose count of ones is uniform in 0..n, at random places."""
+    ones = torch.randint(0, n + 1, (count, 1), generator=generator)  # (c, 1)
+    places = torch.rand(count, n, generator=generator).argsort(dim=1)  # a random order
+    return (places < ones).long()  # the first `ones` places of it hold a 1
 
 
 class SummationScratchpad(Summation):

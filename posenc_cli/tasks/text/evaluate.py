@@ -22,13 +22,17 @@ from posenc_cli.runs.checkpoint import load_run_weights
 from posenc_cli.runs.device import autocast, pick_device
 from posenc_cli.runs.evaluation import Evaluated, recipe_file, save_evaluation
 from posenc_cli.tasks.pictures import curve_picture, position_picture
+from posenc_cli.tasks.text.by_count import CountTally, check_countable, count_rows
 from posenc_cli.tasks.text.by_position import PositionTally, position_rows
 from posenc_cli.tasks.text.misses import check_listable, missed, write_misses
 from posenc_cli.tasks.text.train import evaluate_length
 
 
-def eval_name(shift: int) -> str:
-    return "eval.json" if shift == 0 else f"eval_shift{shift}.json"
+def eval_name(shift: int, by_count: bool = False) -> str:
+    """The file an evaluation is saved in; ``--by-count`` draws other problems (every count of
+    ones alike), so its scores go beside the fair-bit ones, not over them."""
+    stem = "eval_by_count" if by_count else "eval"
+    return f"{stem}.json" if shift == 0 else f"{stem}_shift{shift}.json"
 
 
 def load_run(run_dir: Path, overrides: list[str] = ()) -> tuple[Recipe, torch.nn.Module, Any]:
@@ -63,10 +67,12 @@ def evaluate_run(
     write: bool = True,
     misses: list | None = None,
     positions: PositionTally | None = None,
+    counts: bool = False,
 ) -> dict[str, Any]:
     """Score the run at ``lengths`` (the recipe's by default); with ``misses``, every test
     problem it gets wrong is appended to that list (``misses.py``); with ``positions``, the
-    answers are counted position by position (``by_position.py``)."""
+    answers are counted position by position (``by_position.py``); with ``counts`` (parity),
+    the problems hold every count of ones alike and each count is scored (``by_count.py``)."""
     if any(n < 1 for n in lengths or ()) or (shift is not None and shift < 0):
         raise UsageError("--lengths must be positive and --shift >= 0, e.g. --lengths 16,32,64")
     recipe, model, task = load_run(run_dir, overrides)
@@ -74,12 +80,18 @@ def evaluate_run(
         check_listable(task, "--misses", "has no problems to list")
     if positions is not None:
         check_listable(task, "--by-position", "has no answer positions")
+    tally = None
+    if counts:
+        check_countable(task)
+        task.test_ones, tally = "uniform", CountTally(task)
 
     def watch(length: int, index: int, batch: Any, logits: torch.Tensor) -> None:
         if misses is not None:
             misses.extend(missed(task, length, index, batch.tokens, batch.targets, logits))
         if positions is not None:
             positions.add(length, batch, logits)
+        if tally is not None:
+            tally.add(length, batch, logits)
 
     device = pick_device(recipe.train.device)
     model.to(device)
@@ -111,10 +123,14 @@ def evaluate_run(
         "shift": shift,
         "lengths": rows,
     }
+    if tally is not None:
+        result["ones"] = "uniform"
+        for n, accuracy in tally.accuracy().items():
+            rows[n]["by_count"], rows[n]["by_count_problems"] = accuracy, tally.drawn[int(n)]
     if task.kind == "lm" and recipe.model.mem_len > 0 and hasattr(task, "stream"):
         result["stream"] = evaluate_stream(model, task, recipe.data.train_lengths[1], device)
     if write:
-        save_evaluation(run_dir / eval_name(shift), result)
+        save_evaluation(run_dir / eval_name(shift, counts), result)
     return result
 
 
@@ -124,9 +140,10 @@ def score(run_dir: Path, overrides: list[str], options: dict[str, Any]) -> Evalu
     position, which then makes the table and the curve)."""
     records = None if options.get("misses") is None else []
     tally = PositionTally() if options["by_position"] else None
+    by_count = bool(options.get("by_count"))
     result = evaluate_run(
         run_dir, overrides, options["lengths"], options["shift"], write=False,
-        misses=records, positions=tally,
+        misses=records, positions=tally, counts=by_count,
     )  # fmt: skip
     note = None
     if records is not None:
@@ -143,6 +160,8 @@ def score(run_dir: Path, overrides: list[str], options: dict[str, Any]) -> Evalu
     curve = f"{run_dir} (shift {result['shift']})"
     if tally is not None:
         return by_position_table(result, run_dir, title, curve, options["out"], note)
+    if by_count:
+        return by_count_table(result, run_dir, title, note)
     rows = []
     for n, r in result["lengths"].items():
         if "error" in r:
@@ -188,3 +207,22 @@ def by_position_table(
     pictures = [] if out is None else [(out, position_picture(by_length, curve))]
     saved_to = run_dir / eval_name(result["shift"])
     return Evaluated(result, saved_to, title, columns, rows, pictures, "\n".join(notes) or None)
+
+
+def by_count_table(
+    result: dict[str, Any], run_dir: Path, title: str, note: str | None
+) -> Evaluated:
+    """`--by-count`: exact match per count of ones, one column per length; saved beside the
+    fair-bit evaluation (``eval_name``)."""
+    by_length = {n: r["by_count"] for n, r in result["lengths"].items() if "by_count" in r}
+    failed = [f"n={n}: {r['error']}" for n, r in result["lengths"].items() if "error" in r]
+    if not by_length:
+        raise UsageError(
+            f"--by-count: no length could run ({failed[0]}); give lengths this encoding can run at"
+        )
+    notes = ["exact match per count of ones, every count drawn alike"]
+    notes += [note] if note else []
+    notes += [f"cannot run at {line}" for line in failed]
+    columns, rows = count_rows(by_length)
+    saved_to = run_dir / eval_name(result["shift"], by_count=True)
+    return Evaluated(result, saved_to, title, columns, rows, [], "\n".join(notes))
