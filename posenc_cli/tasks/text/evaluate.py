@@ -183,6 +183,18 @@ def score(run_dir: Path, overrides: list[str], options: dict[str, Any]) -> Evalu
     return Evaluated(result, saved_to, title, columns, rows, pictures, note)
 
 
+def per_length(result: dict[str, Any], key: str, flag: str) -> tuple[dict[str, Any], list[str]]:
+    """Each length's ``key`` entry, and a note for every length the encoding cannot run at; if
+    none could run, that is the error (``flag`` names the option asking)."""
+    by_length = {n: r[key] for n, r in result["lengths"].items() if key in r}
+    failed = [f"n={n}: {r['error']}" for n, r in result["lengths"].items() if "error" in r]
+    if not by_length:
+        raise UsageError(
+            f"{flag}: no length could run ({failed[0]}); give lengths this encoding can run at"
+        )
+    return by_length, [f"cannot run at {line}" for line in failed]
+
+
 def by_position_table(
     result: dict[str, Any],
     run_dir: Path,
@@ -194,15 +206,8 @@ def by_position_table(
     """`--by-position`: the table (and curve) of accuracy per answer position, one column per
     length; lengths the encoding cannot run at are named below it, and if none could run that
     is the error."""
-    by_length = {n: r["by_position"] for n, r in result["lengths"].items() if "by_position" in r}
-    failed = [f"n={n}: {r['error']}" for n, r in result["lengths"].items() if "error" in r]
-    if not by_length:
-        raise UsageError(
-            f"--by-position: no length could run ({failed[0]}); give lengths this encoding "
-            "can run at"
-        )
-    notes = [note] if note else []
-    notes += [f"cannot run at {line}" for line in failed]
+    by_length, notes = per_length(result, "by_position", "--by-position")
+    notes = ([note] if note else []) + notes
     columns, rows = position_rows(by_length)
     pictures = [] if out is None else [(out, position_picture(by_length, curve))]
     saved_to = run_dir / eval_name(result["shift"])
@@ -214,15 +219,12 @@ def by_count_table(
 ) -> Evaluated:
     """`--by-count`: exact match per count of ones, one column per length; saved beside the
     fair-bit evaluation (``eval_name``)."""
-    by_length = {n: r["by_count"] for n, r in result["lengths"].items() if "by_count" in r}
-    failed = [f"n={n}: {r['error']}" for n, r in result["lengths"].items() if "error" in r]
-    if not by_length:
-        raise UsageError(
-            f"--by-count: no length could run ({failed[0]}); give lengths this encoding can run at"
-        )
-    notes = ["exact match per count of ones, every count drawn alike"]
-    notes += [note] if note else []
-    notes += [f"cannot run at {line}" for line in failed]
+    by_length, notes = per_length(result, "by_count", "--by-count")
+    notes = [
+        "exact match per count of ones, every count drawn alike",
+        *([note] if note else []),
+        *notes,
+    ]
     columns, rows = count_rows(by_length)
     saved_to = run_dir / eval_name(result["shift"], by_count=True)
     return Evaluated(result, saved_to, title, columns, rows, [], "\n".join(notes))
