@@ -307,21 +307,22 @@ class Parity(Summation):
         return 2
 
     def make(self, count: int, n: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        if self.test_ones == "binomial":
-            return super().make(count, n, generator)
-        return self.answer(uniform_ones(count, n, generator))
+        return self.answer(draw_bits(count, n, generator, self.test_ones))
 
     def make_train(self, count: int, n: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        if self.ones == "binomial":
-            return super().make(count, n, generator)
-        return self.answer(uniform_ones(count, n, generator))
+        return self.answer(draw_bits(count, n, generator, self.ones))
 
 
-def uniform_ones(count: int, n: int, generator: torch.Generator) -> Tensor:
-    """``(count, n)`` bits whose count of ones is uniform in 0..n, at random places."""
-    ones = torch.randint(0, n + 1, (count, 1), generator=generator)  # (c, 1)
+def draw_bits(
+    count: int, n: int, generator: torch.Generator, ones: Literal["binomial", "uniform"]
+) -> Tensor:
+    """``(count, n)`` bits: fair ones (their count binomial), or a count of ones uniform in 0..n
+    at random places."""
+    if ones == "binomial":
+        return torch.randint(0, 2, (count, n), generator=generator)
+    drawn = torch.randint(0, n + 1, (count, 1), generator=generator)  # (c, 1)
     places = torch.rand(count, n, generator=generator).argsort(dim=1)  # a random order
-    return (places < ones).long()  # the first `ones` places of it hold a 1
+    return (places < drawn).long()  # the first `drawn` places of it hold a 1
 
 
 class SummationScratchpad(Summation):

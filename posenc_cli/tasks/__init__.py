@@ -77,8 +77,8 @@ TASKS: dict[str, Task] = {
         evaluate="posenc_cli.tasks.text.evaluate:evaluate_run",
         score="posenc_cli.tasks.text.evaluate:score",
         evaluate_flags=("lengths", "shift", "out", "misses", "by_position", "by_count"),
-        evaluate_hint="for image runs; a text run takes --lengths, --shift, --misses and "
-        "--by-position, e.g. --lengths 16,32",
+        evaluate_hint="for image runs; a text run takes --lengths, --shift, --misses, "
+        "--by-position and (parity) --by-count, e.g. --lengths 16,32",
         metrics=("token_accuracy", "exact_match", "loss", "perplexity"),
         column=lambda key: f"n={key}",
         language_modelling=("text",),

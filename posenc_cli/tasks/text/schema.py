@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from posenc_cli.data import TASKS, AlgorithmicTask
+from posenc_cli.data.algorithmic import Parity
 from posenc_cli.errors import UsageError
 from posenc_cli.params import bounded, close_match
 
@@ -135,7 +136,7 @@ def validate(recipe: Any, error: Error) -> None:
             f"a size curriculum needs an algorithmic task (copy, sort, ...), not "
             f"{data.task!r}; set it to 0",
         )
-    if data.ones != "binomial" and not data.task.startswith("parity"):
+    if data.ones != "binomial" and not issubclass(TASKS[data.task], Parity):
         raise error(
             "data.ones",
             f"the count of ones is drawn by parity tasks only, not {data.task!r}; "
