@@ -79,7 +79,7 @@ def split_row(row: list[int]) -> tuple[list[int], list[int], int]:
 
 
 def test_registry_names_and_protocol(corpus_file: Path) -> None:
-    assert set(TASKS) == {*ALGORITHMIC, "word-order", "text"}
+    assert set(TASKS) == {*ALGORITHMIC, "addition-hints", "word-order", "text"}
     for task in every_task(corpus_file):
         assert isinstance(task, Task)
         assert task.kind in ("lm", "classify")
@@ -265,6 +265,78 @@ def test_addition_produces_carries_and_leading_zeros() -> None:
     top = b.tokens[:, -2] - 5  # last output digit = the final carry
     lead_a = b.tokens[:, 3] - 5  # most significant digit of a (positions: BOS a0 a1 a2)
     assert set(top.tolist()) == {0, 1} and (lead_a == 0).any()
+
+
+# --- addition with index hints -------------------------------------------------------------
+
+HINT0, HINTS = 5, 64  # first hint id (after PAD, BOS, SEP, EOS, PLUS) and how many there are
+
+
+def read_hinted(tokens: list[int]) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Plain decoding of ``h a h a ... + h b ... SEP h c ...``: hints and digits of a, b, sum."""
+    inp, out, _ = split_row(tokens)
+    plus = inp.index(4)
+    a, b = inp[:plus], inp[plus + 1 :]
+    hints = [a[0::2], b[0::2], out[0::2]]
+    assert hints[0] == hints[1] == hints[2][:-1]
+    assert hints[2] == list(range(hints[2][0], hints[2][0] + len(hints[2])))  # consecutive
+    assert all(HINT0 <= h < HINT0 + HINTS for h in hints[2])
+    digits = [[t - HINT0 - HINTS for t in part[1::2]] for part in (a, b, out)]
+    return hints[2], *digits
+
+
+def test_addition_hints_sum_and_hints_recomputed() -> None:
+    task = build_task(Cfg(task="addition-hints", vocab=10, train_lengths=[1, 20]))
+    assert task.vocab_size == HINT0 + HINTS + 10
+    for n in (1, 7, 20, 40):
+        for row in task.batch(64, n, gen(n), "test").tokens.tolist():
+            _, a, b, total = read_hinted(row)
+            assert len(a) == len(b) == n and len(total) == n + 1
+            assert all(0 <= d < 10 for d in a + b + total)
+            value = lambda ds: sum(d * 10**i for i, d in enumerate(ds))  # noqa: E731
+            assert value(total) == value(a) + value(b)
+
+
+def test_addition_hints_scores_the_digits_and_the_end_only() -> None:
+    task = build_task(Cfg(task="addition-hints", train_lengths=[1, 20]))
+    b = task.batch(32, 0, gen(1), "train")
+    for row, tgt in zip(b.tokens.tolist(), b.targets.tolist(), strict=True):
+        _, out, end = split_row(row)
+        sep = row.index(SEP)
+        for t, target in enumerate(tgt):
+            # the position before each digit of the sum, and the last digit's (EOS next)
+            answered = sep < t < end - 1 and (t - sep) % 2 == 1 or t == end - 2
+            assert target == (row[t + 1] if answered else IGNORE), (t, row)
+        assert sum(x != IGNORE for x in tgt) == len(out) // 2 + 1
+
+
+def test_addition_hints_digits_are_plain_additions_and_starts_vary() -> None:
+    """Same seed: the digits are the plain task's (the hints are drawn after them); training
+    rows start their hints all over the set, so every hint a size-40 test uses was trained."""
+    hinted = build_task(Cfg(task="addition-hints", train_lengths=[1, 20]))
+    plain = build_task(Cfg(task="addition", train_lengths=[1, 20]))
+    for row, ref in zip(
+        hinted.batch(16, 9, gen(2), "test").tokens.tolist(),
+        plain.batch(16, 9, gen(2), "test").tokens.tolist(),
+        strict=True,
+    ):
+        _, a, b, total = read_hinted(row)
+        inp, out, _ = split_row(ref)
+        assert [t - 5 for t in inp] == [*a, -1, *b] and [t - 5 for t in out] == total
+    seen = set()
+    for seed in range(8):
+        for row in hinted.batch(64, 0, gen(seed), "train").tokens.tolist():
+            seen |= set(read_hinted(row)[0])
+    assert seen == set(range(HINT0, HINT0 + HINTS))
+
+
+def test_addition_hints_size_beyond_the_hints_is_a_usage_error() -> None:
+    task = build_task(Cfg(task="addition-hints", train_lengths=[1, 20]))
+    task.batch(2, HINTS - 1, gen(), "test")
+    with pytest.raises(UsageError, match=r"length: addition-hints has 64 hint symbols"):
+        task.batch(2, HINTS, gen(), "test")
+    with pytest.raises(UsageError, match=r"data\.train_lengths"):
+        build_task(Cfg(task="addition-hints", train_lengths=[1, HINTS]))
 
 
 @pytest.mark.parametrize("name", ALGORITHMIC)

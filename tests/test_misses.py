@@ -14,9 +14,10 @@ from tests.helpers import TINY_TEXT, run
 BATCHES, BATCH_SIZE = 2, 8  # TINY_TEXT's eval.batches and train.batch_size
 
 
-def trained(capsys, tmp_path, task: str):
+def trained(capsys, tmp_path, task: str, *extra: str):
     out = tmp_path / task
-    args = ["train", "quickstart", "sweep=null", f"data.task={task}", *TINY_TEXT, "--out", str(out)]
+    args = ["train", "quickstart", "sweep=null", f"data.task={task}", *TINY_TEXT, *extra,
+            "--out", str(out)]  # fmt: skip
     code, _, err = run(capsys, *args)
     assert code == 0, err
     return out
@@ -52,6 +53,25 @@ def test_every_missed_problem_is_listed_with_its_true_answer(capsys, tmp_path, t
         assert all(isinstance(s, int) for s in r["input"])
         assert r["target"] == [*answer(r["input"]), "EOS"]
         assert len(r["predicted"]) == len(r["target"]) and r["predicted"] != r["target"]
+
+
+def test_addition_hints_misses_name_the_hints_and_score_the_digits(capsys, tmp_path):
+    """The input keeps its hints (``h<k>``, consecutive, the same for both operands); target
+    and prediction hold the digits of the sum and its end, not the hints, which are given."""
+    run_dir = trained(capsys, tmp_path, "addition-hints", "data.vocab=10")
+    records, _ = misses_of(capsys, run_dir, tmp_path / "m.jsonl", 3)
+    assert records
+    for r in records:
+        plus = r["input"].index("+")
+        a, b = r["input"][:plus], r["input"][plus + 1 :]
+        assert a[0::2] == b[0::2] and all(h.startswith("h") for h in a[0::2])
+        first = int(a[0][1:])
+        assert a[0::2] == [f"h{first + k}" for k in range(3)]
+        value = sum(d * 10**i for i, d in enumerate(a[1::2])) + sum(
+            d * 10**i for i, d in enumerate(b[1::2])
+        )
+        assert r["target"] == [*(value // 10**i % 10 for i in range(4)), "EOS"]
+        assert len(r["predicted"]) == 5 and r["predicted"] != r["target"]
 
 
 def test_a_run_that_answers_everything_lists_nothing(capsys, tmp_path, monkeypatch):

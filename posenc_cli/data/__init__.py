@@ -11,6 +11,7 @@ from typing import Any
 
 from posenc_cli.data.algorithmic import (
     Addition,
+    AdditionHints,
     AlgorithmicTask,
     Copy,
     Layout,
@@ -35,6 +36,7 @@ TASKS: dict[str, type[AlgorithmicTask] | type[WordOrder] | type[TextTask]] = {
     "sort": Sort,
     "recall": Recall,
     "addition": Addition,
+    "addition-hints": AdditionHints,
     "summation": Summation,
     "parity": Parity,
     "summation-scratchpad": SummationScratchpad,

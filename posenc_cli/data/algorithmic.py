@@ -264,6 +264,58 @@ class Addition(AlgorithmicTask):
         return torch.cat([a + off, plus, b + off], dim=1), total + off
 
 
+class AdditionHints(Addition):
+    """Addition with index hints (Zhou et al. 2024): every digit follows a hint token naming its
+    place, the same hint in both operands and the sum, so digit i of a and of b can be found by
+    content where plain addition must find them by position, 2n + 1 tokens apart.
+
+    A row's hints are ``hints`` consecutive symbols of an ordered set, from a random start, so a
+    longer test problem uses hints (and hint successions) that training has shown. The hints in
+    the sum are given, not scored: the model answers the digits and the end token."""
+
+    name = "addition-hints"
+    hints = 64  # ordered hint symbols; a problem of n digits uses n + 1 of them
+    first_hint = PLUS + 1
+    symbol_offset = first_hint + hints
+
+    def input_length(self, n: int) -> int:
+        return 4 * n + 1
+
+    def output_length(self, n: int) -> int:
+        return 2 * (n + 1)
+
+    def check_size(self, n: int, where: str) -> None:
+        super().check_size(n, where)
+        if n + 1 > self.hints:
+            raise UsageError(
+                f"{where}: addition-hints has {self.hints} hint symbols, enough for "
+                f"{self.hints - 1} digits per operand; got {n}; use smaller sizes"
+            )
+
+    def make(self, count: int, n: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        inputs, outputs = super().make(count, n, generator)
+        start = torch.randint(0, self.hints - n, (count, 1), generator=generator)  # (c, 1)
+        hint = start + torch.arange(n + 1) + self.first_hint  # (c, n + 1)
+        a, b = inputs[:, :n], inputs[:, n + 1 :]
+        plus = inputs[:, n : n + 1]
+        return (
+            torch.cat([interleave(hint[:, :n], a), plus, interleave(hint[:, :n], b)], dim=1),
+            interleave(hint, outputs),
+        )
+
+    def examples(
+        self, n: int, count: int, generator: torch.Generator, split: Split = "test"
+    ) -> tuple[Tensor, Tensor]:
+        tokens, targets = super().examples(n, count, generator, split)
+        given = (targets >= self.first_hint) & (targets < self.symbol_offset)
+        return tokens, targets.masked_fill(given, IGNORE)
+
+
+def interleave(hints: Tensor, digits: Tensor) -> Tensor:
+    """``h0 d0 h1 d1 ...`` from ``(c, m)`` hints and digits -> ``(c, 2m)``."""
+    return torch.stack([hints, digits], dim=2).reshape(hints.shape[0], -1)
+
+
 class Summation(AlgorithmicTask):
     name = "summation"
     scratchpad = False  # True: write every running sum, not only the last

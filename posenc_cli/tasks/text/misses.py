@@ -4,7 +4,8 @@ Exact match says how many test problems a run misses, not which. Which is often 
 the parity runs that never fit their range miss the problems with the most ones, the same
 ones whatever the encoding (README, parity). One JSON line per missed problem, in the task's
 own symbols: ``{"length", "batch", "row", "input", "target", "predicted"}``, where target and
-predicted cover the answer and its end (``"EOS"``), and specials are named.
+predicted cover the scored answer and its end (``"EOS"``), specials are named and index hints
+are ``h<k>``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ def check_listable(task: Any, flag: str, lacks: str) -> None:
 
 
 def symbol(task: Any, token: int) -> int | str:
-    return token - task.symbol_offset if token >= task.symbol_offset else SPECIALS[token]
+    """A symbol as its value, a special by name, an index hint (addition-hints) as ``h<k>``."""
+    if token >= task.symbol_offset:
+        return token - task.symbol_offset
+    return SPECIALS.get(token) or f"h{token - task.first_hint}"
 
 
 def missed(task: Any, length: int, batch: int, tokens, targets, logits) -> list[dict[str, Any]]:
