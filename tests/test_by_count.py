@@ -64,6 +64,9 @@ def test_counts_agree_with_the_listed_misses_and_leave_the_fair_scores_alone(cap
     assert (run_dir / "eval.json").read_text() == fair
     saved = json.loads((run_dir / "eval_by_count.json").read_text())
     assert saved["ones"] == "uniform" and saved["lengths"]["5"]["by_count"] == accuracy
+    code, out, err = run(capsys, "evaluate", str(run_dir), "eval.batches=32", "--lengths", "5",
+                         "--by-count")  # fmt: skip
+    assert code == 0 and f"{min(drawn)}-{max(drawn)} problems per count" in out, err
     copy_dir = trained(capsys, tmp_path, "copy")
     code, _, err = run(capsys, "evaluate", str(copy_dir), "--by-count")
     assert code == 2 and "parity" in err and "Traceback" not in err

@@ -220,8 +220,10 @@ def by_count_table(
     """`--by-count`: exact match per count of ones, one column per length; saved beside the
     fair-bit evaluation (``eval_name``)."""
     by_length, notes = per_length(result, "by_count", "--by-count")
+    drawn = [d for r in result["lengths"].values() for d in r.get("by_count_problems", [])]
     notes = [
         "exact match per count of ones, every count drawn alike",
+        f"{min(drawn)}-{max(drawn)} problems per count (more: eval.batches=N)",
         *([note] if note else []),
         *notes,
     ]
