@@ -1,5 +1,5 @@
-"""Procedural sequence-to-sequence tasks for a causal LM: copy, reverse, sort, recall, addition,
-summation and parity, the last two also with a scratchpad.
+"""Procedural sequence-to-sequence tasks for a causal LM: copy, reverse, sort, recall, addition
+(also with index hints), summation and parity, the last two also with a scratchpad.
 
 Small algorithmic tasks are where length generalisation of position encodings is usually
 measured (Kazemnejad et al. 2023, "The Impact of Positional Encoding on Length Generalization
@@ -14,7 +14,8 @@ from the SEP position to the last output token (so the model predicts every outp
 then EOS from everything before it), ``IGNORE`` everywhere else.
 
 Conventions:
-- Token ids: PAD=0, BOS=1, SEP=2, EOS=3, then the task's own specials (addition: PLUS=4), then
+- Token ids: PAD=0, BOS=1, SEP=2, EOS=3, then the task's own specials (addition: PLUS=4;
+  addition-hints: PLUS and then its 64 index hints), then
   the ``vocab`` symbols from ``symbol_offset``. ``vocab_size`` counts all of them.
 - ``length`` is the problem size n: the number of input symbols (copy, reverse, sort), the
   number of key-value pairs (recall), the digits per operand (addition).
@@ -31,6 +32,9 @@ Conventions:
   digit i then depends only on input digits i and the carry of the digit just emitted, so a
   left-to-right decoder can compute the sum one digit at a time; most-significant-first would
   need the whole carry chain before the first output digit.
+- addition-hints: the same sums with a hint before every digit, ``h a0 h' a1 ... + h b0 h' b1 ...``
+  and ``h c0 h' c1 ...``, so digit i's partners share its hint; the hints of the sum are given
+  (their targets IGNORE). See ``AdditionHints``.
 - summation: n digits in base ``vocab``; the output is one token, their sum modulo ``vocab``
   (Kazemnejad et al.'s "summation", there in base 10).
 - parity: n bits (``vocab`` is ignored: the symbols are always 0 and 1); the output is one
