@@ -112,6 +112,38 @@ def test_out_naming_a_file_or_below_one_is_one_line(tmp_path, capsys):
     assert blocker.read_text() == "keep me"
 
 
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["quickstart", *TINY, "data.task=recall", "data.vocab=4", "data.train_lengths=[2,5]"],
+         ["data.train_lengths", "data.vocab"]),
+        (["quickstart", *TINY, "data.task=addition-hints", "data.train_lengths=[1,64]"],
+         ["data.train_lengths", "64 hint symbols"]),
+        (["image/encodings", "sweep=null", "data.dataset=folder", "data.root=/nonexistent"],
+         ["data.root", "not a folder"]),
+        (["quickstart", "data.task=recall", "data.vocab=4", "data.train_lengths=[2,5]"],
+         ["data.train_lengths"]),  # a sweep: its folder and its first run's
+    ],
+)  # fmt: skip
+def test_data_only_the_task_can_check_leaves_no_run_folder(tmp_path, capsys, args, words):
+    """Settings the recipe schema passes but the task refuses fail before a file is written,
+    and the folders made for the run are taken away again."""
+    out = tmp_path / "new" / "run"
+    code, _, err = run(capsys, "train", *args, "--out", str(out))
+    one_line_error(code, err.strip().splitlines()[-1], *words)  # a sweep names its run first
+    assert "Traceback" not in err
+    assert not out.exists() and (tmp_path / "new").is_dir()  # only what this run made goes
+
+
+def test_a_refused_run_keeps_a_folder_that_was_there(tmp_path, capsys):
+    out = tmp_path / "kept"
+    out.mkdir()
+    code, _, err = run(capsys, "train", "quickstart", *TINY, "data.task=recall", "data.vocab=4",
+                       "data.train_lengths=[2,5]", "--out", str(out))  # fmt: skip
+    one_line_error(code, err, "data.vocab")
+    assert out.is_dir() and not (out / "recipe.yaml").exists()
+
+
 def test_out_in_a_folder_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeypatch):
     def refuse(self, *args, **kwargs):  # root ignores chmod; make the denial explicit
         raise PermissionError(13, "Permission denied", str(self))

@@ -26,11 +26,14 @@ _held: set[Path] = set()  # folders this process holds
 
 @contextmanager
 def hold(folder: Path) -> Iterator[None]:
-    """Lock ``folder`` (made if missing) for this process while the block runs."""
+    """Lock ``folder`` (made if missing) for this process while the block runs. A folder made
+    here that the block leaves with nothing but the lock in it (bad input found before anything
+    was written) is removed again, so a refused command leaves no empty run folder behind."""
     key = folder.resolve()
     if key in _held:  # held further out in this process: the outer holder releases it
         yield
         return
+    made = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -54,3 +57,6 @@ def hold(folder: Path) -> Iterator[None]:
         _held.discard(key)
         os.ftruncate(fd, 0)  # no stale holder's name for the next reader
         os.close(fd)  # releases the lock
+        if made and [p.name for p in folder.iterdir()] == [LOCK_NAME]:
+            (folder / LOCK_NAME).unlink()
+            folder.rmdir()

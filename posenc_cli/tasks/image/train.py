@@ -142,9 +142,9 @@ def train_image(
 
     from posenc_cli.data.images import build_image_data
 
+    data = build_image_data(recipe.data)  # first: a bad data setting writes no run folder
     console, device, world = start_run(recipe, out, resume, console)
     cfg = recipe.train
-    data = build_image_data(recipe.data)
     torch.manual_seed(recipe.seed)
     model = image_model_for(recipe, data).to(device)
     optimizer = create_optimizer_v2(model, opt="adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)

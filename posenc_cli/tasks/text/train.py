@@ -106,9 +106,9 @@ def train(
 ) -> dict[str, Any]:
     """Train ``recipe`` into ``out``; returns the summary. ``interrupt_at`` simulates a Ctrl-C
     after that many steps (tests use it; it takes the same path as a real one)."""
+    task = build_task(recipe.data)  # first: a bad data setting writes no run folder
     console, device, world = start_run(recipe, out, resume, console)
     cfg = recipe.train
-    task = build_task(recipe.data)
     torch.manual_seed(recipe.seed)
     model = build_text_model(recipe.model, recipe.encoding, task, recipe.data).to(device)
     # fused: one kernel per step instead of about ten ops per tensor (2 ms of a 30 ms step)
