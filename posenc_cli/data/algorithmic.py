@@ -257,15 +257,16 @@ class Addition(AlgorithmicTask):
         return n + 1
 
     def make(self, count: int, n: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        base = self.vocab
-        a = torch.randint(
-            0, base, (count, n), generator=generator
-        )  # digits, least significant first
+        a, b, total = self.operands(count, n, generator)
+        return torch.cat([a, plus_column(count), b], dim=1), total
+
+    def operands(self, count: int, n: int, generator: torch.Generator) -> tuple[Tensor, ...]:
+        """Both operands ``(c, n)`` and their sum ``(c, n + 1)``, least significant digit first,
+        as token ids."""
+        base, off = self.vocab, self.symbol_offset
+        a = torch.randint(0, base, (count, n), generator=generator)
         b = torch.randint(0, base, (count, n), generator=generator)
-        total = add_digits(a, b, base)  # (c, n + 1)
-        plus = torch.full((count, 1), PLUS, dtype=torch.long)
-        off = self.symbol_offset
-        return torch.cat([a + off, plus, b + off], dim=1), total + off
+        return a + off, b + off, add_digits(a, b, base) + off
 
 
 class AdditionHints(Addition):
@@ -297,15 +298,11 @@ class AdditionHints(Addition):
             )
 
     def make(self, count: int, n: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        inputs, outputs = super().make(count, n, generator)
+        a, b, total = self.operands(count, n, generator)  # drawn first: plain addition's digits
         start = torch.randint(0, self.hints - n, (count, 1), generator=generator)  # (c, 1)
         hint = start + torch.arange(n + 1) + self.first_hint  # (c, n + 1)
-        a, b = inputs[:, :n], inputs[:, n + 1 :]
-        plus = inputs[:, n : n + 1]
-        return (
-            torch.cat([interleave(hint[:, :n], a), plus, interleave(hint[:, :n], b)], dim=1),
-            interleave(hint, outputs),
-        )
+        inputs = [interleave(hint[:, :n], a), plus_column(count), interleave(hint[:, :n], b)]
+        return torch.cat(inputs, dim=1), interleave(hint, total)
 
     def examples(
         self, n: int, count: int, generator: torch.Generator, split: Split = "test"
@@ -313,6 +310,11 @@ class AdditionHints(Addition):
         tokens, targets = super().examples(n, count, generator, split)
         given = (targets >= self.first_hint) & (targets < self.symbol_offset)
         return tokens, targets.masked_fill(given, IGNORE)
+
+
+def plus_column(count: int) -> Tensor:
+    """The ``+`` between the operands, one per row, ``(count, 1)``."""
+    return torch.full((count, 1), PLUS, dtype=torch.long)
 
 
 def interleave(hints: Tensor, digits: Tensor) -> Tensor:
